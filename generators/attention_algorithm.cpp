@@ -1,0 +1,131 @@
+#include "attention_algorithm.h"
+
+#include <limits>
+
+namespace attn_gen {
+
+using namespace Halide;
+
+namespace {
+const Dims dims;
+// The identity of the row max. A finite value, not -inf: Halide compiles with
+// fast-math assumptions, and a fully excluded row must give zeros, not NaN.
+const float kLowest = std::numeric_limits<float>::lowest();
+}  // namespace
+
+Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr in_features) {
+    const Var &out = dims.hidden, &s = dims.seq, &b = dims.batch;
+    Var in_feature{"in_feature"};
+    Linear l;
+    l.weight_transposed = Func{name + "_weight_t"};
+    l.weight_transposed(out, in_feature) = weight(in_feature, out);
+    l.k = RDom(0, in_features, name + "_k");
+    l.out = Func{name};
+    l.out(out, s, b) = bias(out);
+    l.out(out, s, b) += in(l.k, s, b) * l.weight_transposed(out, l.k);
+    return l;
+}
+
+Func split_heads(const std::string &name, Func tensor, Expr head_dim) {
+    Func heads{name};
+    heads(dims.head_dim, dims.head, dims.seq, dims.batch) =
+        tensor(dims.head * head_dim + dims.head_dim, dims.seq, dims.batch);
+    return heads;
+}
+
+Scores scaled_scores(Func q_heads, Func k_heads, Func bias, Expr head_dim) {
+    const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch, &e = dims.head_dim;
+    Scores s;
+    s.key_transposed = Func{"key_transposed"};
+    s.key_transposed(j, e, h, b) = k_heads(e, h, j, b);
+    s.e = RDom(0, head_dim, "e");
+    s.dot = Func{"dot"};
+    s.dot(j, i, h, b) = 0.0f;
+    s.dot(j, i, h, b) += q_heads(s.e, h, i, b) * s.key_transposed(j, s.e, h, b);
+    s.scores = Func{"scores"};
+    s.scores(j, i, h, b) = s.dot(j, i, h, b) * (1.0f / sqrt(cast<float>(head_dim))) + bias(j, i, h, b);
+    return s;
+}
+
+MaskedSoftmax masked_softmax(Func scores, Func key_padding_mask, Expr causal, Expr s_q, Expr s_k) {
+    const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
+    MaskedSoftmax m;
+    m.keep = Func{"keep"};
+    m.keep(j, i, h, b) = key_padding_mask(j, b) != 0 && !(causal && j > i + (s_k - s_q));
+    m.j = RDom(0, s_k, "j");
+    m.row_max = Func{"row_max"};
+    m.row_max(i, h, b) = kLowest;
+    m.row_max(i, h, b) = max(m.row_max(i, h, b),
+                             select(m.keep(m.j, i, h, b), scores(m.j, i, h, b), kLowest));
+    m.exp_scores = Func{"exp_scores"};
+    m.exp_scores(j, i, h, b) =
+        select(m.keep(j, i, h, b), exp(scores(j, i, h, b) - m.row_max(i, h, b)), 0.0f);
+    m.row_sum = Func{"row_sum"};
+    m.row_sum(i, h, b) = 0.0f;
+    m.row_sum(i, h, b) += m.exp_scores(m.j, i, h, b);
+    m.probs = Func{"probs"};
+    // A row with no kept key sums to 0 and gets zeros; a NaN sum still propagates.
+    m.probs(j, i, h, b) =
+        select(m.row_sum(i, h, b) == 0.0f, 0.0f, m.exp_scores(j, i, h, b) / m.row_sum(i, h, b));
+    return m;
+}
+
+WeightedSum weighted_sum(Func probs, Func v_heads, Expr s_k) {
+    const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch;
+    WeightedSum w;
+    w.j = RDom(0, s_k, "context_j");
+    w.ctx = Func{"ctx"};
+    w.ctx(e, h, i, b) = 0.0f;
+    w.ctx(e, h, i, b) += probs(w.j, i, h, b) * v_heads(e, h, w.j, b);
+    return w;
+}
+
+OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b_o, Func gamma,
+                                 Func beta, Expr eps, Expr head_dim, Expr heads, Expr hidden) {
+    const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
+    Var in_feature{"in_feature"};
+    OutputLayerNorm n;
+    n.weight_transposed = Func{"w_o_t"};
+    n.weight_transposed(o, in_feature) = w_o(in_feature, o);
+    n.in_feature = RDom(0, head_dim, 0, heads, "in_feature");
+    const RVar &e = n.in_feature.x, &h = n.in_feature.y;
+    n.dense = Func{"dense"};
+    n.dense(o, s, b) = residual(o, s, b) + b_o(o);
+    n.dense(o, s, b) += ctx_heads(e, h, s, b) * n.weight_transposed(o, h * head_dim + e);
+
+    n.row = RDom(0, hidden, "row");
+    Expr inv_hidden = 1.0f / cast<float>(hidden);
+    n.sum = Func{"sum"};
+    n.sum(s, b) = 0.0f;
+    n.sum(s, b) += n.dense(n.row, s, b);
+    n.mean = Func{"mean"};
+    n.mean(s, b) = n.sum(s, b) * inv_hidden;
+    n.sum_sq_dev = Func{"sum_sq_dev"};
+    n.sum_sq_dev(s, b) = 0.0f;
+    Expr deviation = n.dense(n.row, s, b) - n.mean(s, b);
+    n.sum_sq_dev(s, b) += deviation * deviation;
+    n.variance = Func{"variance"};
+    n.variance(s, b) = n.sum_sq_dev(s, b) * inv_hidden;
+    n.y = Func{"y"};
+    n.y(o, s, b) = gamma(o) * (n.dense(o, s, b) - n.mean(s, b)) / sqrt(n.variance(s, b) + eps) + beta(o);
+    return n;
+}
+
+AttentionLayer attention_layer(const LayerInputs &in) {
+    Expr head_dim = in.hidden / in.heads;
+    AttentionLayer l;
+    l.q = linear("q", in.x, in.w_q, in.b_q, in.hidden);
+    l.k = linear("k", in.kv, in.w_k, in.b_k, in.hidden);
+    l.v = linear("v", in.kv, in.w_v, in.b_v, in.hidden);
+    l.q_heads = split_heads("q_heads", l.q.out, head_dim);
+    l.k_heads = split_heads("k_heads", l.k.out, head_dim);
+    l.v_heads = split_heads("v_heads", l.v.out, head_dim);
+    l.scores = scaled_scores(l.q_heads, l.k_heads, in.bias, head_dim);
+    l.softmax = masked_softmax(l.scores.scores, in.key_padding_mask, in.causal, in.s_q, in.s_k);
+    l.context = weighted_sum(l.softmax.probs, l.v_heads, in.s_k);
+    l.output = output_layernorm(l.context.ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps,
+                                head_dim, in.heads, in.hidden);
+    return l;
+}
+
+}  // namespace attn_gen

@@ -1,0 +1,106 @@
+// The BERT self-attention algorithm, written once (see shared DESIGN.md).
+// Every generator (each stage alone, and the fused layer) builds its pipeline
+// from these helpers; none of them schedules anything.
+//
+// Dimension order: buffers arrive in PyTorch's row-major layout, and Halide lists
+// dimensions innermost first, so a [B, S, H] tensor is indexed (hidden, seq, batch)
+// here and a [B, heads, S_q, S_k] tensor is (key, query, head, batch).
+#pragma once
+
+#include "Halide.h"
+
+#include <string>
+
+namespace attn_gen {
+
+// Pure variables shared by the algorithm and the schedules. Halide identifies a
+// Var by name, so a schedule may also spell them out itself.
+struct Dims {
+    Halide::Var hidden{"hidden"};    // feature index within H (or the output feature of a projection)
+    Halide::Var seq{"seq"};          // token position
+    Halide::Var batch{"batch"};
+    Halide::Var head{"head"};
+    Halide::Var head_dim{"head_dim"};  // feature index within one head, [0, d)
+    Halide::Var key{"key"};          // j, the attended-to position
+    Halide::Var query{"query"};      // i, the attending position
+};
+
+// y = x · Wᵀ + b with nn.Linear's weight [out, in]: out(o, s, b) = bias(o) + Σ_k in(k, s, b) · weight(k, o).
+struct Linear {
+    Halide::Func weight_transposed;  // (out, in): lets a schedule vectorize over output features
+    Halide::Func out;                // (out, seq, batch)
+    Halide::RDom k;
+};
+Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Halide::Func bias,
+              Halide::Expr in_features);
+
+// Head view of a [B, S, H] tensor: (head_dim, head, seq, batch), the transpose_for_scores view.
+Halide::Func split_heads(const std::string &name, Halide::Func tensor, Halide::Expr head_dim);
+
+// scores(j, i, h, b) = Q[b,i,h,:]·K[b,j,h,:] / √d + bias(j, i, h, b)
+struct Scores {
+    Halide::Func key_transposed;  // (key, head_dim, head, batch): K with keys innermost
+    Halide::Func dot;             // unscaled Q·Kᵀ
+    Halide::Func scores;
+    Halide::RDom e;
+};
+Scores scaled_scores(Halide::Func q_heads, Halide::Func k_heads, Halide::Func bias,
+                     Halide::Expr head_dim);
+
+// A key j is kept for query i unless key_padding_mask(j, b) == 0, or causal and
+// j > i + (S_k − S_q) (bottom-right aligned). Excluded keys get probability 0; a row
+// with no kept key is all zeros. The row max is subtracted for stability.
+struct MaskedSoftmax {
+    Halide::Func keep;        // (key, query, head, batch) bool
+    Halide::Func row_max;     // (query, head, batch)
+    Halide::Func exp_scores;  // (key, query, head, batch)
+    Halide::Func row_sum;     // (query, head, batch)
+    Halide::Func probs;       // (key, query, head, batch)
+    Halide::RDom j;
+};
+MaskedSoftmax masked_softmax(Halide::Func scores, Halide::Func key_padding_mask, Halide::Expr causal,
+                             Halide::Expr s_q, Halide::Expr s_k);
+
+// ctx(e, h, i, b) = Σ_j probs(j, i, h, b) · V[b, j, h, e]
+struct WeightedSum {
+    Halide::Func ctx;  // (head_dim, head, query, batch)
+    Halide::RDom j;
+};
+WeightedSum weighted_sum(Halide::Func probs, Halide::Func v_heads, Halide::Expr s_k);
+
+// y = LayerNorm(x + ctx · W_oᵀ + b_o), population variance, eps inside the root.
+struct OutputLayerNorm {
+    Halide::Func weight_transposed;  // W_o as (out, in)
+    Halide::Func dense;              // (hidden, seq, batch): residual + projection + bias
+    Halide::Func sum;                // (seq, batch): Σ dense over the row
+    Halide::Func sum_sq_dev;         // (seq, batch): Σ (dense − mean)² over the row (two-pass: accurate)
+    Halide::Func mean, variance;     // (seq, batch), pure: sum / H and sum_sq_dev / H
+    Halide::Func y;                  // (hidden, seq, batch)
+    Halide::RDom in_feature;         // (head_dim, head) over the context's head view
+    Halide::RDom row;                // over the H output features
+};
+OutputLayerNorm output_layernorm(Halide::Func ctx_heads, Halide::Func residual, Halide::Func w_o,
+                                 Halide::Func b_o, Halide::Func gamma, Halide::Func beta,
+                                 Halide::Expr eps, Halide::Expr head_dim, Halide::Expr heads,
+                                 Halide::Expr hidden);
+
+// The whole layer, with every intermediate Func named so schedules can reach it.
+struct AttentionLayer {
+    Linear q, k, v;
+    Halide::Func q_heads, k_heads, v_heads;
+    Scores scores;
+    MaskedSoftmax softmax;
+    WeightedSum context;
+    OutputLayerNorm output;
+};
+
+struct LayerInputs {
+    Halide::Func x, kv;  // (hidden, seq, batch); kv == x for self-attention
+    Halide::Func w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
+    Halide::Func key_padding_mask;  // (key, batch)
+    Halide::Func bias;              // (key, query, head, batch)
+    Halide::Expr causal, heads, eps, hidden, s_q, s_k;
+};
+AttentionLayer attention_layer(const LayerInputs &in);
+
+}  // namespace attn_gen

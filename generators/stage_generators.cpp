@@ -1,0 +1,186 @@
+// One generator per stage of the layer, each the algorithm of attention_algorithm.h
+// applied to buffers. Comments give each buffer's Halide dimension order (innermost
+// first) and the PyTorch shape it is a view of.
+#include "../schedules/cpu_manual.h"
+#include "stage_generator.h"
+
+namespace attn_gen {
+
+using namespace Halide;
+
+namespace {
+
+void estimate_activation(GeneratorInput<Buffer<float, 3>> &buffer) {
+    buffer.set_estimates({{0, kEstimateHidden}, {0, kEstimateSeq}, {0, kEstimateBatch}});
+}
+void estimate_activation(GeneratorOutput<Buffer<float, 3>> &buffer) {
+    buffer.set_estimates({{0, kEstimateHidden}, {0, kEstimateSeq}, {0, kEstimateBatch}});
+}
+Region score_estimate() {
+    return {{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, kEstimateBatch}};
+}
+
+}  // namespace
+
+// Q = x_q·W_qᵀ + b_q, K = x_kv·W_kᵀ + b_k, V = x_kv·W_vᵀ + b_v. Self-attention passes
+// the same buffer as x_q and x_kv.
+class QkvProjection : public StageGenerator<QkvProjection> {
+public:
+    Input<Buffer<float, 3>> x_q{"x_q"};    // (hidden, seq_q, batch) = [B, S_q, H]
+    Input<Buffer<float, 3>> x_kv{"x_kv"};  // (hidden, seq_k, batch) = [B, S_k, H]
+    Input<Buffer<float, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"};  // (in, out) = [H_out, H_in]
+    Input<Buffer<float, 1>> b_q{"b_q"}, b_k{"b_k"}, b_v{"b_v"};  // [H]
+    Output<Buffer<float, 3>> q{"q"};          // (hidden, seq_q, batch)
+    Output<Buffer<float, 3>> k{"k"}, v{"v"};  // (hidden, seq_k, batch)
+
+    std::string stage_name() const { return "qkv_projection"; }
+
+    void generate() {
+        Expr hidden = x_q.dim(0).extent();
+        q_ = linear("q", x_q, w_q, b_q, hidden);
+        k_ = linear("k", x_kv, w_k, b_k, hidden);
+        v_ = linear("v", x_kv, w_v, b_v, hidden);
+        q = q_.out;
+        k = k_.out;
+        v = v_.out;
+
+        estimate_activation(x_q);
+        estimate_activation(x_kv);
+        for (auto *w : {&w_q, &w_k, &w_v}) w->set_estimates({{0, kEstimateHidden}, {0, kEstimateHidden}});
+        for (auto *b : {&b_q, &b_k, &b_v}) b->set_estimates({{0, kEstimateHidden}});
+        estimate_activation(q);
+        estimate_activation(k);
+        estimate_activation(v);
+    }
+
+    void schedule_manual_cpu() { attn_sched::schedule_qkv_projection_cpu(q_, k_, v_, get_target()); }
+
+private:
+    Linear q_, k_, v_;
+};
+
+// scores = Q·Kᵀ / √d + bias, per head.
+class AttentionScores : public StageGenerator<AttentionScores> {
+public:
+    Input<Buffer<float, 3>> q{"q"};        // (hidden, seq_q, batch) = [B, S_q, H]
+    Input<Buffer<float, 3>> k{"k"};        // (hidden, seq_k, batch) = [B, S_k, H]
+    Input<Buffer<float, 4>> bias{"bias"};  // (key, query, head, batch) = [B, heads, S_q, S_k]; zeros when absent
+    Input<int> heads{"heads", 12, 1, 4096};
+    Output<Buffer<float, 4>> scores{"scores"};  // (key, query, head, batch)
+
+    std::string stage_name() const { return "attention_scores"; }
+
+    void generate() {
+        Expr head_dim = q.dim(0).extent() / heads;
+        scores_ = scaled_scores(split_heads("q_heads", q, head_dim), split_heads("k_heads", k, head_dim),
+                                bias, head_dim);
+        scores = scores_.scores;
+
+        estimate_activation(q);
+        estimate_activation(k);
+        bias.set_estimates(score_estimate());
+        heads.set_estimate(kEstimateHeads);
+        scores.set_estimates(score_estimate());
+    }
+
+    void schedule_manual_cpu() { attn_sched::schedule_attention_scores_cpu(scores_, get_target()); }
+
+private:
+    Scores scores_;
+};
+
+// probs = softmax over keys of the scores, with the key padding mask and causal mask.
+class MaskedSoftmaxStage : public StageGenerator<MaskedSoftmaxStage> {
+public:
+    Input<Buffer<float, 4>> scores{"scores"};                    // (key, query, head, batch)
+    Input<Buffer<uint8_t, 2>> key_padding_mask{"key_padding_mask"};  // (key, batch) = [B, S_k]; 1 = real token
+    Input<bool> causal{"causal", false};
+    Output<Buffer<float, 4>> probs{"probs"};  // (key, query, head, batch)
+
+    std::string stage_name() const { return "masked_softmax"; }
+
+    void generate() {
+        softmax_ = masked_softmax(scores, key_padding_mask, causal, scores.dim(1).extent(),
+                                  scores.dim(0).extent());
+        probs = softmax_.probs;
+
+        scores.set_estimates(score_estimate());
+        key_padding_mask.set_estimates({{0, kEstimateSeq}, {0, kEstimateBatch}});
+        causal.set_estimate(false);
+        probs.set_estimates(score_estimate());
+    }
+
+    void schedule_manual_cpu() { attn_sched::schedule_masked_softmax_cpu(softmax_, get_target()); }
+
+private:
+    MaskedSoftmax softmax_;
+};
+
+// ctx = probs · V per head, heads concatenated.
+class WeightedSumStage : public StageGenerator<WeightedSumStage> {
+public:
+    Input<Buffer<float, 4>> probs{"probs"};  // (key, query, head, batch) = [B, heads, S_q, S_k]
+    Input<Buffer<float, 3>> v{"v"};          // (hidden, seq_k, batch) = [B, S_k, H]
+    // (head_dim, head, query, batch): the head view of a [B, S_q, H] buffer, which the
+    // runtime passes with strides (1, d, H, S_q·H).
+    Output<Buffer<float, 4>> ctx{"ctx"};
+
+    std::string stage_name() const { return "weighted_sum"; }
+
+    void generate() {
+        Expr head_dim = v.dim(0).extent() / probs.dim(2).extent();
+        context_ = weighted_sum(probs, split_heads("v_heads", v, head_dim), probs.dim(0).extent());
+        ctx = context_.ctx;
+
+        probs.set_estimates(score_estimate());
+        estimate_activation(v);
+        ctx.set_estimates({{0, kEstimateHidden / kEstimateHeads}, {0, kEstimateHeads}, {0, kEstimateSeq},
+                           {0, kEstimateBatch}});
+    }
+
+    void schedule_manual_cpu() { attn_sched::schedule_weighted_sum_cpu(context_, get_target()); }
+
+private:
+    WeightedSum context_;
+};
+
+// y = LayerNorm(x + ctx·W_oᵀ + b_o).
+class OutputLayerNormStage : public StageGenerator<OutputLayerNormStage> {
+public:
+    Input<Buffer<float, 3>> ctx{"ctx"};  // (hidden, seq, batch) = [B, S, H]
+    Input<Buffer<float, 3>> x{"x"};      // (hidden, seq, batch): the residual
+    Input<Buffer<float, 2>> w_o{"w_o"};  // (in, out) = [H_out, H_in]
+    Input<Buffer<float, 1>> b_o{"b_o"}, gamma{"gamma"}, beta{"beta"};  // [H]
+    Input<float> eps{"eps", 1e-12f};
+    Output<Buffer<float, 3>> y{"y"};  // (hidden, seq, batch)
+
+    std::string stage_name() const { return "output_layernorm"; }
+
+    void generate() {
+        Expr hidden = x.dim(0).extent();
+        // One "head" spanning all of H: the same algorithm the fused layer uses on its head view.
+        output_ = output_layernorm(split_heads("ctx_heads", ctx, hidden), x, w_o, b_o, gamma, beta, eps,
+                                   hidden, 1, hidden);
+        y = output_.y;
+
+        estimate_activation(ctx);
+        estimate_activation(x);
+        w_o.set_estimates({{0, kEstimateHidden}, {0, kEstimateHidden}});
+        for (auto *p : {&b_o, &gamma, &beta}) p->set_estimates({{0, kEstimateHidden}});
+        eps.set_estimate(1e-12f);
+        estimate_activation(y);
+    }
+
+    void schedule_manual_cpu() { attn_sched::schedule_output_layernorm_cpu(output_, get_target()); }
+
+private:
+    OutputLayerNorm output_;
+};
+
+}  // namespace attn_gen
+
+HALIDE_REGISTER_GENERATOR(attn_gen::QkvProjection, qkv_projection)
+HALIDE_REGISTER_GENERATOR(attn_gen::AttentionScores, attention_scores)
+HALIDE_REGISTER_GENERATOR(attn_gen::MaskedSoftmaxStage, masked_softmax)
+HALIDE_REGISTER_GENERATOR(attn_gen::WeightedSumStage, weighted_sum)
+HALIDE_REGISTER_GENERATOR(attn_gen::OutputLayerNormStage, output_layernorm)

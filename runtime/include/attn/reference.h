@@ -1,0 +1,54 @@
+// The naive reference: plain loops that follow DESIGN.md step by step, no Halide.
+// Instantiated for double (the reference every variant is checked against) and for
+// float (the plain float32 implementation whose error sets the accuracy bound).
+// Tensors are flat row-major vectors in the PyTorch shapes of attn/attention.h.
+#pragma once
+
+#include "attn/attention.h"
+
+#include <vector>
+
+namespace attn::reference {
+
+struct Sizes {
+    int64_t batch = 1, s_q = 1, s_k = 1;
+};
+
+int64_t element_count_of(const ConstTensor &t);
+template <typename T>
+std::vector<T> widen(const ConstTensor &t) {
+    return std::vector<T>(t.data, t.data + element_count_of(t));
+}
+
+// [rows, H] · Wᵀ + b for nn.Linear weight [H_out, H_in].
+template <typename T>
+std::vector<T> linear(const std::vector<T> &in, int64_t rows, const ConstTensor &weight, const ConstTensor &bias);
+
+// [B, heads, S_q, S_k] = Q·Kᵀ/√d + bias (bias broadcast over batch and heads of extent 1).
+template <typename T>
+std::vector<T> attention_scores(const Config &config, Sizes sizes, const std::vector<T> &q,
+                                const std::vector<T> &k, const ConstTensor &bias);
+
+// Softmax over keys; excluded keys (padding, causal) get 0; a row with none kept is all 0.
+template <typename T>
+std::vector<T> masked_softmax(const Config &config, Sizes sizes, const std::vector<T> &scores,
+                              const MaskTensor &key_padding_mask);
+
+// [B, S_q, H]: per head, probs · V, heads concatenated.
+template <typename T>
+std::vector<T> weighted_sum(const Config &config, Sizes sizes, const std::vector<T> &probs,
+                            const std::vector<T> &v);
+
+// LayerNorm(x + ctx·W_oᵀ + b_o) over [B, S, H] (S = sizes.s_q).
+template <typename T>
+std::vector<T> output_layernorm(const Config &config, Sizes sizes, const std::vector<T> &ctx,
+                                const std::vector<T> &x, const LayerWeights &weights);
+
+template <typename T>
+struct LayerOutputs {
+    std::vector<T> q, k, v, scores, probs, ctx, y;
+};
+template <typename T>
+LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &weights, const AttentionInputs &inputs);
+
+}  // namespace attn::reference

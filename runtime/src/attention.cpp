@@ -1,0 +1,373 @@
+// The thin runtime: validate, view caller memory as Halide buffers (no copies),
+// call the AOT function, turn any failure into attn::Error.
+#include "attn/attention.h"
+#include "kernels.h"
+
+#include <HalideBuffer.h>
+
+#include <cmath>
+#include <limits>
+
+namespace attn {
+
+namespace {
+
+using detail::Kernels;
+
+std::string str(const Shape &shape) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+int64_t element_count(const Shape &shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+}
+
+// Null data, rank and positive extents; returns the shape for deducing sizes.
+template <typename T>
+const Shape &check_rank(const char *name, const TensorView<T> &t, std::size_t rank, const char *layout) {
+    if (t.data == nullptr) throw Error(name, std::string("data is null (expected a ") + layout + " tensor)");
+    if (t.shape.size() != rank) {
+        throw Error(name, "expected rank " + std::to_string(rank) + " " + layout + ", got shape " + str(t.shape));
+    }
+    for (int64_t d : t.shape) {
+        if (d <= 0) throw Error(name, std::string("expected positive extents ") + layout + ", got shape " + str(t.shape));
+    }
+    return t.shape;
+}
+
+template <typename T>
+void check_tensor(const char *name, const TensorView<T> &t, const Shape &expected, const char *layout) {
+    check_rank(name, t, expected.size(), layout);
+    if (t.shape != expected) {
+        throw Error(name, "expected shape " + str(expected) + " " + layout + ", got " + str(t.shape));
+    }
+    const int64_t needed = element_count(expected);
+    if (t.size < std::size_t(needed)) {
+        throw Error(name, "shape " + str(expected) + " needs " + std::to_string(needed) +
+                              " elements, but the buffer holds " + std::to_string(t.size));
+    }
+    // Halide indexes with 32-bit integers.
+    if (needed > std::numeric_limits<int32_t>::max()) {
+        throw Error(name, "shape " + str(expected) + " has " + std::to_string(needed) +
+                              " elements, more than the 2^31 - 1 a Halide buffer can index");
+    }
+}
+
+template <typename T, typename U>
+bool overlaps(const TensorView<T> &a, const TensorView<U> &b) {
+    if (a.empty() || b.empty() || !a.data || !b.data) return false;
+    auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+    auto a1 = a0 + element_count(a.shape) * sizeof(T), b1 = b0 + element_count(b.shape) * sizeof(U);
+    return a0 < b1 && b0 < a1;
+}
+
+void check_config(const Config &c) {
+    if (c.hidden_size <= 0) throw Error("hidden_size", "expected > 0, got " + std::to_string(c.hidden_size));
+    if (c.num_heads <= 0) throw Error("num_heads", "expected > 0, got " + std::to_string(c.num_heads));
+    if (c.hidden_size % c.num_heads != 0) {
+        throw Error("num_heads", "expected a divisor of hidden_size " + std::to_string(c.hidden_size) + ", got " +
+                                     std::to_string(c.num_heads));
+    }
+    if (!std::isfinite(c.layer_norm_eps) || c.layer_norm_eps < 0) {
+        throw Error("layer_norm_eps", "expected a finite value >= 0, got " + std::to_string(c.layer_norm_eps));
+    }
+}
+
+void check_weights(const Config &c, const LayerWeights &w, bool projections_in, bool output_in) {
+    const Shape square{c.hidden_size, c.hidden_size}, vec{c.hidden_size};
+    if (projections_in) {
+        check_tensor("w_q", w.w_q, square, "[H_out, H_in]");
+        check_tensor("w_k", w.w_k, square, "[H_out, H_in]");
+        check_tensor("w_v", w.w_v, square, "[H_out, H_in]");
+        check_tensor("b_q", w.b_q, vec, "[H]");
+        check_tensor("b_k", w.b_k, vec, "[H]");
+        check_tensor("b_v", w.b_v, vec, "[H]");
+    }
+    if (output_in) {
+        check_tensor("w_o", w.w_o, square, "[H_out, H_in]");
+        check_tensor("b_o", w.b_o, vec, "[H]");
+        check_tensor("gamma", w.gamma, vec, "[H]");
+        check_tensor("beta", w.beta, vec, "[H]");
+    }
+}
+
+// Dense row-major view, dims reversed into Halide's innermost-first order.
+template <typename T>
+Halide::Runtime::Buffer<T> halide_view(const TensorView<T> &t) {
+    std::vector<halide_dimension_t> dims(t.shape.size());
+    int32_t stride = 1;
+    for (std::size_t i = 0; i < t.shape.size(); ++i) {
+        const int32_t extent = int32_t(t.shape[t.shape.size() - 1 - i]);
+        dims[i] = halide_dimension_t(0, extent, stride);
+        stride *= extent;
+    }
+    return Halide::Runtime::Buffer<T>(t.data, int(dims.size()), dims.data());
+}
+
+// Head view (head_dim, head, seq, batch) of a [B, S, H] tensor.
+Halide::Runtime::Buffer<float> head_view(const MutableTensor &t, int64_t heads) {
+    const int32_t batch = int32_t(t.shape[0]), seq = int32_t(t.shape[1]), hidden = int32_t(t.shape[2]);
+    const int32_t head_dim = int32_t(hidden / heads);
+    halide_dimension_t dims[4] = {{0, head_dim, 1}, {0, int32_t(heads), head_dim}, {0, seq, hidden},
+                                  {0, batch, seq * hidden}};
+    return Halide::Runtime::Buffer<float>(t.data, 4, dims);
+}
+
+// The key padding mask as (key, batch); all ones when absent (batch stride 0).
+struct MaskArgument {
+    std::vector<uint8_t> ones;
+    Halide::Runtime::Buffer<const uint8_t> buffer;
+};
+void make_mask(MaskArgument &m, const MaskTensor &mask, int64_t batch, int64_t s_k) {
+    if (mask.empty()) {
+        m.ones.assign(std::size_t(s_k), 1);
+        halide_dimension_t dims[2] = {{0, int32_t(s_k), 1}, {0, int32_t(batch), 0}};
+        m.buffer = Halide::Runtime::Buffer<const uint8_t>(m.ones.data(), 2, dims);
+        return;
+    }
+    check_tensor("key_padding_mask", mask, {batch, s_k}, "[B, S_k]");
+    m.buffer = halide_view(mask);
+}
+
+// The additive bias as (key, query, head, batch), broadcast over batch or heads by
+// stride 0; zeros when absent.
+struct BiasArgument {
+    std::vector<float> zeros;
+    Halide::Runtime::Buffer<const float> buffer;
+};
+void make_bias(BiasArgument &b, const ConstTensor &bias, int64_t batch, int64_t heads, int64_t s_q, int64_t s_k) {
+    const int32_t sk = int32_t(s_k), sq = int32_t(s_q), h = int32_t(heads), bt = int32_t(batch);
+    if (bias.empty()) {
+        b.zeros.assign(std::size_t(s_k), 0.0f);
+        halide_dimension_t dims[4] = {{0, sk, 1}, {0, sq, 0}, {0, h, 0}, {0, bt, 0}};
+        b.buffer = Halide::Runtime::Buffer<const float>(b.zeros.data(), 4, dims);
+        return;
+    }
+    const char *layout = "[B or 1, heads or 1, S_q, S_k]";
+    const Shape &shape = check_rank("bias", bias, 4, layout);
+    const bool ok = (shape[0] == batch || shape[0] == 1) && (shape[1] == heads || shape[1] == 1) &&
+                    shape[2] == s_q && shape[3] == s_k;
+    if (!ok) {
+        throw Error("bias", std::string("expected shape ") + layout + " = [" + std::to_string(batch) + " or 1, " +
+                                std::to_string(heads) + " or 1, " + std::to_string(s_q) + ", " +
+                                std::to_string(s_k) + "], got " + str(shape));
+    }
+    check_tensor("bias", bias, shape, layout);
+    const int32_t head_stride = shape[1] == 1 ? 0 : sq * sk;
+    const int32_t batch_stride = shape[0] == 1 ? 0 : int32_t(shape[1]) * sq * sk;
+    halide_dimension_t dims[4] = {{0, sk, 1}, {0, sq, sk}, {0, h, head_stride}, {0, bt, batch_stride}};
+    b.buffer = Halide::Runtime::Buffer<const float>(bias.data, 4, dims);
+}
+
+// Halide reports pipeline failures through its error handler; keep the message
+// for the exception instead of printing it.
+thread_local std::string last_halide_error;
+extern "C" void capture_halide_error(void *, const char *message) { last_halide_error = message; }
+
+template <typename Call>
+void run_pipeline(const std::string &pipeline, const VariantInfo &variant, Call call) {
+    static const bool handler_installed = (halide_set_error_handler(capture_halide_error), true);
+    (void)handler_installed;
+    last_halide_error.clear();
+    const int status = call();
+    if (status != 0) {
+        throw Error("halide", pipeline + " (" + variant.name + ") failed with code " + std::to_string(status) +
+                                  ": " + last_halide_error);
+    }
+}
+
+template <typename T>
+halide_buffer_t *raw(Halide::Runtime::Buffer<T> &b) {
+    return b.raw_buffer();
+}
+
+struct WeightViews {
+    Halide::Runtime::Buffer<const float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
+    explicit WeightViews(const LayerWeights &w)
+        : w_q(halide_view(w.w_q)), w_k(halide_view(w.w_k)), w_v(halide_view(w.w_v)), w_o(halide_view(w.w_o)),
+          b_q(halide_view(w.b_q)), b_k(halide_view(w.b_k)), b_v(halide_view(w.b_v)), b_o(halide_view(w.b_o)),
+          gamma(halide_view(w.gamma)), beta(halide_view(w.beta)) {}
+};
+
+}  // namespace
+
+Attention::Attention(Config config, LayerWeights weights, const std::string &variant)
+    : config_(config), weights_(weights), variant_(nullptr) {
+    check_config(config_);
+    check_weights(config_, weights_, true, true);
+    variant_ = &select_variant(variant);
+}
+
+void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTensor probs) const {
+    const Kernels &kernels = detail::runnable_kernels(*variant_);
+    const int64_t hidden = config_.hidden_size, heads = config_.num_heads;
+    const char *x_layout = "[B, S_q, H]";
+    const Shape &x_shape = check_rank("x", in.x, 3, x_layout);
+    const int64_t batch = x_shape[0], s_q = x_shape[1];
+    check_tensor("x", in.x, {batch, s_q, hidden}, x_layout);
+    const bool cross = !in.kv.empty();
+    int64_t s_k = s_q;
+    if (cross) {
+        const char *kv_layout = "[B, S_k, H]";
+        s_k = check_rank("kv", in.kv, 3, kv_layout)[1];
+        check_tensor("kv", in.kv, {batch, s_k, hidden}, kv_layout);
+    }
+    check_tensor("y", y, {batch, s_q, hidden}, "[B, S_q, H]");
+    const bool want_probs = !probs.empty();
+    if (want_probs) check_tensor("probs", probs, {batch, heads, s_q, s_k}, "[B, heads, S_q, S_k]");
+    for (const ConstTensor *input : {&in.x, &in.kv, &in.bias}) {
+        if (overlaps(y, *input)) throw Error("y", "must not overlap an input buffer");
+        if (want_probs && overlaps(probs, *input)) throw Error("probs", "must not overlap an input buffer");
+    }
+    if (want_probs && overlaps(y, probs)) throw Error("probs", "must not overlap y");
+
+    MaskArgument mask;
+    make_mask(mask, in.key_padding_mask, batch, s_k);
+    BiasArgument bias;
+    make_bias(bias, in.bias, batch, heads, s_q, s_k);
+    WeightViews w(weights_);
+    auto x = halide_view(in.x);
+    auto y_buf = halide_view(y);
+    const bool causal = config_.causal;
+    const int32_t h = int32_t(heads);
+    const float eps = config_.layer_norm_eps;
+    if (!cross && !want_probs) {
+        run_pipeline("self_attention", *variant_, [&] {
+            return kernels.self_attention(raw(x), raw(w.w_q), raw(w.w_k), raw(w.w_v), raw(w.w_o), raw(w.b_q),
+                                          raw(w.b_k), raw(w.b_v), raw(w.b_o), raw(w.gamma), raw(w.beta),
+                                          raw(mask.buffer), raw(bias.buffer), causal, h, eps, raw(y_buf));
+        });
+    } else if (!cross) {
+        auto p = halide_view(probs);
+        run_pipeline("self_attention_probs", *variant_, [&] {
+            return kernels.self_attention_probs(raw(x), raw(w.w_q), raw(w.w_k), raw(w.w_v), raw(w.w_o),
+                                                raw(w.b_q), raw(w.b_k), raw(w.b_v), raw(w.b_o), raw(w.gamma),
+                                                raw(w.beta), raw(mask.buffer), raw(bias.buffer), causal, h,
+                                                eps, raw(y_buf), raw(p));
+        });
+    } else {
+        auto kv = halide_view(in.kv);
+        if (!want_probs) {
+            run_pipeline("cross_attention", *variant_, [&] {
+                return kernels.cross_attention(raw(x), raw(w.w_q), raw(w.w_k), raw(w.w_v), raw(w.w_o),
+                                               raw(w.b_q), raw(w.b_k), raw(w.b_v), raw(w.b_o), raw(w.gamma),
+                                               raw(w.beta), raw(mask.buffer), raw(bias.buffer), causal, h,
+                                               eps, raw(kv), raw(y_buf));
+            });
+        } else {
+            auto p = halide_view(probs);
+            run_pipeline("cross_attention_probs", *variant_, [&] {
+                return kernels.cross_attention_probs(raw(x), raw(w.w_q), raw(w.w_k), raw(w.w_v), raw(w.w_o),
+                                                     raw(w.b_q), raw(w.b_k), raw(w.b_v), raw(w.b_o),
+                                                     raw(w.gamma), raw(w.beta), raw(mask.buffer),
+                                                     raw(bias.buffer), causal, h, eps, raw(kv), raw(y_buf),
+                                                     raw(p));
+            });
+        }
+    }
+}
+
+namespace stages {
+
+void qkv_projection(const VariantInfo &variant, const Config &config, ConstTensor x_q, ConstTensor x_kv,
+                    const LayerWeights &weights, MutableTensor q, MutableTensor k, MutableTensor v) {
+    const Kernels &kernels = detail::runnable_kernels(variant);
+    check_config(config);
+    check_weights(config, weights, true, false);
+    const int64_t hidden = config.hidden_size;
+    const Shape &xq = check_rank("x_q", x_q, 3, "[B, S_q, H]");
+    check_tensor("x_q", x_q, {xq[0], xq[1], hidden}, "[B, S_q, H]");
+    const int64_t s_k = check_rank("x_kv", x_kv, 3, "[B, S_k, H]")[1];
+    check_tensor("x_kv", x_kv, {xq[0], s_k, hidden}, "[B, S_k, H]");
+    check_tensor("q", q, {xq[0], xq[1], hidden}, "[B, S_q, H]");
+    check_tensor("k", k, {xq[0], s_k, hidden}, "[B, S_k, H]");
+    check_tensor("v", v, {xq[0], s_k, hidden}, "[B, S_k, H]");
+    auto xq_buf = halide_view(x_q), xkv_buf = halide_view(x_kv);
+    auto w_q = halide_view(weights.w_q), w_k = halide_view(weights.w_k), w_v = halide_view(weights.w_v);
+    auto b_q = halide_view(weights.b_q), b_k = halide_view(weights.b_k), b_v = halide_view(weights.b_v);
+    auto q_buf = halide_view(q), k_buf = halide_view(k), v_buf = halide_view(v);
+    run_pipeline("qkv_projection", variant, [&] {
+        return kernels.qkv_projection(raw(xq_buf), raw(xkv_buf), raw(w_q), raw(w_k), raw(w_v), raw(b_q), raw(b_k),
+                                      raw(b_v), raw(q_buf), raw(k_buf), raw(v_buf));
+    });
+}
+
+void attention_scores(const VariantInfo &variant, const Config &config, ConstTensor q, ConstTensor k,
+                      ConstTensor bias, MutableTensor scores) {
+    const Kernels &kernels = detail::runnable_kernels(variant);
+    check_config(config);
+    const int64_t hidden = config.hidden_size, heads = config.num_heads;
+    const Shape &qs = check_rank("q", q, 3, "[B, S_q, H]");
+    check_tensor("q", q, {qs[0], qs[1], hidden}, "[B, S_q, H]");
+    const int64_t s_k = check_rank("k", k, 3, "[B, S_k, H]")[1];
+    check_tensor("k", k, {qs[0], s_k, hidden}, "[B, S_k, H]");
+    check_tensor("scores", scores, {qs[0], heads, qs[1], s_k}, "[B, heads, S_q, S_k]");
+    BiasArgument b;
+    make_bias(b, bias, qs[0], heads, qs[1], s_k);
+    auto q_buf = halide_view(q), k_buf = halide_view(k);
+    auto s_buf = halide_view(scores);
+    run_pipeline("attention_scores", variant, [&] {
+        return kernels.attention_scores(raw(q_buf), raw(k_buf), raw(b.buffer), int32_t(heads), raw(s_buf));
+    });
+}
+
+void masked_softmax(const VariantInfo &variant, const Config &config, ConstTensor scores,
+                    MaskTensor key_padding_mask, MutableTensor probs) {
+    const Kernels &kernels = detail::runnable_kernels(variant);
+    check_config(config);
+    const char *layout = "[B, heads, S_q, S_k]";
+    const Shape &s = check_rank("scores", scores, 4, layout);
+    check_tensor("scores", scores, {s[0], config.num_heads, s[2], s[3]}, layout);
+    check_tensor("probs", probs, s, layout);
+    MaskArgument mask;
+    make_mask(mask, key_padding_mask, s[0], s[3]);
+    auto s_buf = halide_view(scores);
+    auto p_buf = halide_view(probs);
+    run_pipeline("masked_softmax", variant, [&] {
+        return kernels.masked_softmax(raw(s_buf), raw(mask.buffer), config.causal, raw(p_buf));
+    });
+}
+
+void weighted_sum(const VariantInfo &variant, const Config &config, ConstTensor probs, ConstTensor v,
+                  MutableTensor ctx) {
+    const Kernels &kernels = detail::runnable_kernels(variant);
+    check_config(config);
+    const int64_t hidden = config.hidden_size, heads = config.num_heads;
+    const char *layout = "[B, heads, S_q, S_k]";
+    const Shape &p = check_rank("probs", probs, 4, layout);
+    check_tensor("probs", probs, {p[0], heads, p[2], p[3]}, layout);
+    check_tensor("v", v, {p[0], p[3], hidden}, "[B, S_k, H]");
+    check_tensor("ctx", ctx, {p[0], p[2], hidden}, "[B, S_q, H]");
+    auto p_buf = halide_view(probs), v_buf = halide_view(v);
+    auto ctx_buf = head_view(ctx, heads);
+    run_pipeline("weighted_sum", variant,
+                 [&] { return kernels.weighted_sum(raw(p_buf), raw(v_buf), raw(ctx_buf)); });
+}
+
+void output_layernorm(const VariantInfo &variant, const Config &config, ConstTensor ctx, ConstTensor x,
+                      const LayerWeights &weights, MutableTensor y) {
+    const Kernels &kernels = detail::runnable_kernels(variant);
+    check_config(config);
+    check_weights(config, weights, false, true);
+    const int64_t hidden = config.hidden_size;
+    const Shape &xs = check_rank("x", x, 3, "[B, S, H]");
+    const Shape shape{xs[0], xs[1], hidden};
+    check_tensor("x", x, shape, "[B, S, H]");
+    check_tensor("ctx", ctx, shape, "[B, S, H]");
+    check_tensor("y", y, shape, "[B, S, H]");
+    auto ctx_buf = halide_view(ctx), x_buf = halide_view(x);
+    auto y_buf = halide_view(y);
+    auto w_o = halide_view(weights.w_o), b_o = halide_view(weights.b_o);
+    auto gamma = halide_view(weights.gamma), beta = halide_view(weights.beta);
+    run_pipeline("output_layernorm", variant, [&] {
+        return kernels.output_layernorm(raw(ctx_buf), raw(x_buf), raw(w_o), raw(b_o), raw(gamma), raw(beta),
+                                        config.layer_norm_eps, raw(y_buf));
+    });
+}
+
+}  // namespace stages
+}  // namespace attn

@@ -1,0 +1,39 @@
+// The AOT functions of one variant, taken from the generated variant list.
+#pragma once
+
+#include "attn/attention.h"
+
+#include <HalideRuntime.h>
+
+namespace attn::detail {
+
+using Buf = halide_buffer_t *;
+struct Kernels {
+    int (*qkv_projection)(Buf x_q, Buf x_kv, Buf w_q, Buf w_k, Buf w_v, Buf b_q, Buf b_k, Buf b_v, Buf q,
+                          Buf k, Buf v);
+    int (*attention_scores)(Buf q, Buf k, Buf bias, int32_t heads, Buf scores);
+    int (*masked_softmax)(Buf scores, Buf key_padding_mask, bool causal, Buf probs);
+    int (*weighted_sum)(Buf probs, Buf v, Buf ctx);
+    int (*output_layernorm)(Buf ctx, Buf x, Buf w_o, Buf b_o, Buf gamma, Buf beta, float eps, Buf y);
+    int (*self_attention)(Buf x, Buf w_q, Buf w_k, Buf w_v, Buf w_o, Buf b_q, Buf b_k, Buf b_v, Buf b_o,
+                          Buf gamma, Buf beta, Buf key_padding_mask, Buf bias, bool causal, int32_t heads,
+                          float eps, Buf y);
+    int (*self_attention_probs)(Buf x, Buf w_q, Buf w_k, Buf w_v, Buf w_o, Buf b_q, Buf b_k, Buf b_v,
+                                Buf b_o, Buf gamma, Buf beta, Buf key_padding_mask, Buf bias, bool causal,
+                                int32_t heads, float eps, Buf y, Buf probs);
+    int (*cross_attention)(Buf x, Buf w_q, Buf w_k, Buf w_v, Buf w_o, Buf b_q, Buf b_k, Buf b_v, Buf b_o,
+                           Buf gamma, Buf beta, Buf key_padding_mask, Buf bias, bool causal, int32_t heads,
+                           float eps, Buf kv, Buf y);
+    int (*cross_attention_probs)(Buf x, Buf w_q, Buf w_k, Buf w_v, Buf w_o, Buf b_q, Buf b_k, Buf b_v,
+                                 Buf b_o, Buf gamma, Buf beta, Buf key_padding_mask, Buf bias, bool causal,
+                                 int32_t heads, float eps, Buf kv, Buf y, Buf probs);
+};
+
+// The kernels of a variant from variants(); throws attn::Error("variant") if it
+// cannot run on this machine.
+const Kernels &runnable_kernels(const VariantInfo &variant);
+
+// Whether this CPU has the features the ISA's code uses; `missing` names them.
+bool cpu_supports(const std::string &isa, std::string *missing);
+
+}  // namespace attn::detail

@@ -1,0 +1,146 @@
+#include "attn/reference.h"
+
+#include <cmath>
+#include <limits>
+
+namespace attn::reference {
+
+int64_t element_count_of(const ConstTensor &t) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    return n;
+}
+
+template <typename T>
+std::vector<T> linear(const std::vector<T> &in, int64_t rows, const ConstTensor &weight, const ConstTensor &bias) {
+    const int64_t out_features = weight.shape[0], in_features = weight.shape[1];
+    std::vector<T> out(std::size_t(rows * out_features));
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t o = 0; o < out_features; ++o) {
+            T acc = T(bias.data[o]);
+            for (int64_t k = 0; k < in_features; ++k) acc += in[r * in_features + k] * T(weight.data[o * in_features + k]);
+            out[r * out_features + o] = acc;
+        }
+    }
+    return out;
+}
+
+template <typename T>
+std::vector<T> attention_scores(const Config &config, Sizes sz, const std::vector<T> &q, const std::vector<T> &k,
+                                const ConstTensor &bias) {
+    const int64_t H = config.hidden_size, heads = config.num_heads, d = config.head_dim();
+    const T scale = T(1) / std::sqrt(T(d));
+    std::vector<T> scores(std::size_t(sz.batch * heads * sz.s_q * sz.s_k));
+    for (int64_t b = 0; b < sz.batch; ++b)
+        for (int64_t h = 0; h < heads; ++h)
+            for (int64_t i = 0; i < sz.s_q; ++i)
+                for (int64_t j = 0; j < sz.s_k; ++j) {
+                    T dot = 0;
+                    for (int64_t e = 0; e < d; ++e)
+                        dot += q[(b * sz.s_q + i) * H + h * d + e] * k[(b * sz.s_k + j) * H + h * d + e];
+                    T s = dot * scale;
+                    if (!bias.empty()) {
+                        const int64_t bb = bias.shape[0] == 1 ? 0 : b, hb = bias.shape[1] == 1 ? 0 : h;
+                        s += T(bias.data[((bb * bias.shape[1] + hb) * sz.s_q + i) * sz.s_k + j]);
+                    }
+                    scores[((b * heads + h) * sz.s_q + i) * sz.s_k + j] = s;
+                }
+    return scores;
+}
+
+template <typename T>
+std::vector<T> masked_softmax(const Config &config, Sizes sz, const std::vector<T> &scores,
+                              const MaskTensor &key_padding_mask) {
+    const int64_t heads = config.num_heads;
+    std::vector<T> probs(scores.size(), T(0));
+    std::vector<char> keep(std::size_t(sz.s_k));
+    for (int64_t b = 0; b < sz.batch; ++b)
+        for (int64_t h = 0; h < heads; ++h)
+            for (int64_t i = 0; i < sz.s_q; ++i) {
+                const int64_t row = ((b * heads + h) * sz.s_q + i) * sz.s_k;
+                bool any = false;
+                T row_max = -std::numeric_limits<T>::infinity();
+                for (int64_t j = 0; j < sz.s_k; ++j) {
+                    const bool padded = !key_padding_mask.empty() && key_padding_mask.data[b * sz.s_k + j] == 0;
+                    const bool future = config.causal && j > i + (sz.s_k - sz.s_q);
+                    keep[j] = !padded && !future;
+                    if (keep[j]) {
+                        any = true;
+                        row_max = std::max(row_max, scores[row + j]);
+                    }
+                }
+                if (!any) continue;  // fully masked row: zeros
+                T sum = 0;
+                for (int64_t j = 0; j < sz.s_k; ++j) {
+                    if (keep[j]) sum += (probs[row + j] = std::exp(scores[row + j] - row_max));
+                }
+                for (int64_t j = 0; j < sz.s_k; ++j) probs[row + j] /= sum;
+            }
+    return probs;
+}
+
+template <typename T>
+std::vector<T> weighted_sum(const Config &config, Sizes sz, const std::vector<T> &probs, const std::vector<T> &v) {
+    const int64_t H = config.hidden_size, heads = config.num_heads, d = config.head_dim();
+    std::vector<T> ctx(std::size_t(sz.batch * sz.s_q * H), T(0));
+    for (int64_t b = 0; b < sz.batch; ++b)
+        for (int64_t h = 0; h < heads; ++h)
+            for (int64_t i = 0; i < sz.s_q; ++i)
+                for (int64_t e = 0; e < d; ++e) {
+                    T acc = 0;
+                    for (int64_t j = 0; j < sz.s_k; ++j)
+                        acc += probs[((b * heads + h) * sz.s_q + i) * sz.s_k + j] * v[(b * sz.s_k + j) * H + h * d + e];
+                    ctx[(b * sz.s_q + i) * H + h * d + e] = acc;
+                }
+    return ctx;
+}
+
+template <typename T>
+std::vector<T> output_layernorm(const Config &config, Sizes sz, const std::vector<T> &ctx, const std::vector<T> &x,
+                                const LayerWeights &w) {
+    const int64_t H = config.hidden_size, rows = sz.batch * sz.s_q;
+    std::vector<T> z = linear(ctx, rows, w.w_o, w.b_o);
+    std::vector<T> y(z.size());
+    for (int64_t r = 0; r < rows; ++r) {
+        T mean = 0, var = 0;
+        for (int64_t o = 0; o < H; ++o) mean += (z[r * H + o] += x[r * H + o]);
+        mean /= T(H);
+        for (int64_t o = 0; o < H; ++o) var += (z[r * H + o] - mean) * (z[r * H + o] - mean);
+        var /= T(H);
+        const T inv_std = T(1) / std::sqrt(var + T(config.layer_norm_eps));
+        for (int64_t o = 0; o < H; ++o)
+            y[r * H + o] = T(w.gamma.data[o]) * (z[r * H + o] - mean) * inv_std + T(w.beta.data[o]);
+    }
+    return y;
+}
+
+template <typename T>
+LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &w, const AttentionInputs &in) {
+    const bool cross = !in.kv.empty();
+    Sizes sz{in.x.shape[0], in.x.shape[1], cross ? in.kv.shape[1] : in.x.shape[1]};
+    const std::vector<T> x = widen<T>(in.x), kv = cross ? widen<T>(in.kv) : x;
+    LayerOutputs<T> out;
+    out.q = linear(x, sz.batch * sz.s_q, w.w_q, w.b_q);
+    out.k = linear(kv, sz.batch * sz.s_k, w.w_k, w.b_k);
+    out.v = linear(kv, sz.batch * sz.s_k, w.w_v, w.b_v);
+    out.scores = attention_scores(config, sz, out.q, out.k, in.bias);
+    out.probs = masked_softmax(config, sz, out.scores, in.key_padding_mask);
+    out.ctx = weighted_sum(config, sz, out.probs, out.v);
+    out.y = output_layernorm(config, sz, out.ctx, x, w);
+    return out;
+}
+
+#define ATTN_INSTANTIATE(T)                                                                                      \
+    template std::vector<T> linear(const std::vector<T> &, int64_t, const ConstTensor &, const ConstTensor &);   \
+    template std::vector<T> attention_scores(const Config &, Sizes, const std::vector<T> &,                      \
+                                             const std::vector<T> &, const ConstTensor &);                       \
+    template std::vector<T> masked_softmax(const Config &, Sizes, const std::vector<T> &, const MaskTensor &);   \
+    template std::vector<T> weighted_sum(const Config &, Sizes, const std::vector<T> &, const std::vector<T> &); \
+    template std::vector<T> output_layernorm(const Config &, Sizes, const std::vector<T> &,                      \
+                                             const std::vector<T> &, const LayerWeights &);                      \
+    template LayerOutputs<T> attention_layer(const Config &, const LayerWeights &, const AttentionInputs &);
+ATTN_INSTANTIATE(float)
+ATTN_INSTANTIATE(double)
+#undef ATTN_INSTANTIATE
+
+}  // namespace attn::reference

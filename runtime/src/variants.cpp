@@ -1,0 +1,99 @@
+// The variant table: built from the generated variant list (schedules/variants.cmake).
+#include "attn/generated/kernels.h"
+#include "kernels.h"
+
+#include <algorithm>
+
+namespace attn {
+
+namespace {
+
+struct Entry {
+    VariantInfo info;
+    detail::Kernels kernels;
+};
+
+Entry make_entry(const char *schedule, const char *isa, const char *target, detail::Kernels kernels) {
+    Entry e{{}, kernels};
+    e.info.schedule = schedule;
+    e.info.isa = isa;
+    e.info.name = e.info.schedule + "_" + e.info.isa;
+    e.info.target = target;
+    e.info.device = "cpu";
+    std::string missing;
+    e.info.runnable = detail::cpu_supports(isa, &missing);
+    e.info.not_runnable_reason = missing;
+    return e;
+}
+
+const std::vector<Entry> &entries() {
+    static const std::vector<Entry> table = {
+#define ATTN_VARIANT(schedule, isa, target)                                                              \
+    make_entry(#schedule, #isa, target,                                                                  \
+               {attn_qkv_projection_##schedule##_##isa, attn_attention_scores_##schedule##_##isa,        \
+                attn_masked_softmax_##schedule##_##isa, attn_weighted_sum_##schedule##_##isa,            \
+                attn_output_layernorm_##schedule##_##isa, attn_self_attention_##schedule##_##isa,        \
+                attn_self_attention_probs_##schedule##_##isa, attn_cross_attention_##schedule##_##isa,   \
+                attn_cross_attention_probs_##schedule##_##isa}),
+#include "attn/generated/variant_list.inc"
+#undef ATTN_VARIANT
+    };
+    return table;
+}
+
+// Wider vectors first; the list order breaks ties (hand-written schedules come first there).
+int isa_rank(const std::string &isa) {
+    static const std::vector<std::string> order = {"sse41", "avx2", "avx512_skylake", "avx512_zen4"};
+    return int(std::find(order.begin(), order.end(), isa) - order.begin());
+}
+
+std::string variant_names() {
+    std::string names;
+    for (const Entry &e : entries()) names += (names.empty() ? "" : ", ") + e.info.name;
+    return names;
+}
+
+}  // namespace
+
+const std::vector<VariantInfo> &variants() {
+    static const std::vector<VariantInfo> infos = [] {
+        std::vector<VariantInfo> v;
+        for (const Entry &e : entries()) v.push_back(e.info);
+        return v;
+    }();
+    return infos;
+}
+
+const VariantInfo &select_variant(const std::string &name) {
+    const std::vector<VariantInfo> &all = variants();
+    if (name.empty()) {
+        const VariantInfo *best = nullptr;
+        for (const VariantInfo &v : all) {
+            if (v.runnable && (!best || isa_rank(v.isa) > isa_rank(best->isa))) best = &v;
+        }
+        if (!best) throw Error("variant", "no compiled variant can run on this CPU (compiled: " + variant_names() + ")");
+        return *best;
+    }
+    for (const VariantInfo &v : all) {
+        if (v.name != name) continue;
+        if (!v.runnable) throw Error("variant", "'" + name + "' cannot run here: " + v.not_runnable_reason);
+        return v;
+    }
+    throw Error("variant", "expected one of {" + variant_names() + "}, got '" + name + "'");
+}
+
+namespace detail {
+
+const Kernels &runnable_kernels(const VariantInfo &variant) {
+    for (const Entry &e : entries()) {
+        if (e.info.name != variant.name) continue;
+        if (!e.info.runnable) {
+            throw Error("variant", "'" + variant.name + "' cannot run here: " + e.info.not_runnable_reason);
+        }
+        return e.kernels;
+    }
+    throw Error("variant", "expected one of {" + variant_names() + "}, got '" + variant.name + "'");
+}
+
+}  // namespace detail
+}  // namespace attn

@@ -1,0 +1,31 @@
+// Test parameters: every variant in the variant list × a problem list. Tests for a
+// variant this CPU cannot run are skipped with the reason, never passed silently.
+#pragma once
+
+#include "problem.h"
+
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+namespace attn::testing {
+
+using VariantProblem = std::tuple<VariantInfo, Problem>;
+
+inline std::string variant_problem_name(const ::testing::TestParamInfo<VariantProblem> &info) {
+    return std::get<0>(info.param).name + "__" + std::get<1>(info.param).name();
+}
+
+#define ATTN_SKIP_IF_NOT_RUNNABLE(variant)                                                          \
+    if (!(variant).runnable)                                                                       \
+    GTEST_SKIP() << "variant " << (variant).name << " (" << (variant).target                        \
+                 << ") cannot run on this machine: " << (variant).not_runnable_reason
+
+// The double reference and the plain float32 run of a problem, computed once per problem.
+struct ReferenceRun {
+    reference::LayerOutputs<double> exact;
+    reference::LayerOutputs<float> float32;
+};
+const ReferenceRun &reference_run(const LayerData &data);
+
+}  // namespace attn::testing

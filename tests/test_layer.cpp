@@ -1,0 +1,89 @@
+// The fused layer (self- and cross-attention, with and without probabilities) of
+// every variant against the double-precision reference.
+#include "support/variant_param.h"
+
+namespace attn::testing {
+namespace {
+
+std::vector<Problem> layer_problems() {
+    std::vector<Problem> problems;
+    struct Size {
+        int64_t batch, seq, hidden, heads;
+    };
+    // head_dim 32, 40, 80, 64; S = 1 and S not a multiple of any tile.
+    const Size sizes[] = {{1, 1, 64, 2}, {1, 97, 80, 2}, {3, 113, 160, 2}, {2, 128, 256, 4}};
+    for (const Size &s : sizes) {
+        auto add = [&](bool causal, Mask mask, bool bias) {
+            Problem p;
+            p.batch = s.batch, p.s_q = p.s_k = s.seq, p.hidden = s.hidden, p.heads = s.heads;
+            p.causal = causal, p.mask = mask, p.bias = bias;
+            problems.push_back(p);
+        };
+        add(false, Mask::none, false);
+        add(false, Mask::padding, false);
+        add(true, Mask::none, false);
+        add(true, Mask::padding, false);
+        add(false, Mask::none, true);
+        add(false, Mask::one_real, false);
+        add(false, Mask::empty_batch, false);
+    }
+    // BERT-base: H = 768, 12 heads, S = 128 (B = 3) and S = 384, padded.
+    Problem bert;
+    bert.batch = 3, bert.s_q = bert.s_k = 128, bert.mask = Mask::padding;
+    problems.push_back(bert);
+    bert.batch = 1, bert.s_q = bert.s_k = 384;
+    problems.push_back(bert);
+    // Cross-attention, S_q != S_k both ways; causal with S_q > S_k leaves fully masked rows.
+    auto cross = [&](int64_t s_q, int64_t s_k, bool causal, Mask mask, bool bias) {
+        Problem p;
+        p.batch = 2, p.s_q = s_q, p.s_k = s_k, p.hidden = 128, p.heads = 2, p.cross = true;
+        p.causal = causal, p.mask = mask, p.bias = bias;
+        problems.push_back(p);
+    };
+    cross(7, 13, false, Mask::padding, false);
+    cross(13, 7, true, Mask::none, false);
+    cross(13, 7, true, Mask::padding, false);
+    cross(7, 13, true, Mask::none, true);
+    cross(113, 97, false, Mask::empty_batch, true);
+    return problems;
+}
+
+class LayerTest : public ::testing::TestWithParam<VariantProblem> {};
+
+void check(const char *what, const GuardedOutput &out, const std::vector<double> &exact,
+           const std::vector<float> &float32) {
+    const Accuracy a = check_accuracy(out.data(), exact, float32);
+    EXPECT_TRUE(a.ok) << a.report(what);
+    EXPECT_TRUE(out.guards_intact()) << what << ": written outside its buffer";
+}
+
+TEST_P(LayerTest, MatchesReference) {
+    const auto &[variant, problem] = GetParam();
+    ATTN_SKIP_IF_NOT_RUNNABLE(variant);
+    const LayerData data(problem);
+    const ReferenceRun &ref = reference_run(data);
+    Attention layer(problem.config(), data.weights(), variant.name);
+    GuardedOutput y({problem.batch, problem.s_q, problem.hidden});
+    layer.forward(data.inputs(), y.view());
+    check("y", y, ref.exact.y, ref.float32.y);
+}
+
+TEST_P(LayerTest, WithProbabilitiesMatchesReference) {
+    const auto &[variant, problem] = GetParam();
+    ATTN_SKIP_IF_NOT_RUNNABLE(variant);
+    const LayerData data(problem);
+    const ReferenceRun &ref = reference_run(data);
+    Attention layer(problem.config(), data.weights(), variant.name);
+    GuardedOutput y({problem.batch, problem.s_q, problem.hidden});
+    GuardedOutput probs({problem.batch, problem.heads, problem.s_q, problem.s_k});
+    layer.forward(data.inputs(), y.view(), probs.view());
+    check("y", y, ref.exact.y, ref.float32.y);
+    check("probs", probs, ref.exact.probs, ref.float32.probs);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, LayerTest,
+                         ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(layer_problems())),
+                         variant_problem_name);
+
+}  // namespace
+}  // namespace attn::testing
