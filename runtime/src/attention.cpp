@@ -41,7 +41,7 @@ const Shape &check_rank(const char *name, const TensorView<T> &t, std::size_t ra
 
 template <typename T>
 void check_tensor(const char *name, const TensorView<T> &t, const Shape &expected, const char *layout) {
-    check_rank(name, t, expected.size(), layout);
+    if (t.data == nullptr) throw Error(name, "data is null (expected shape " + str(expected) + " " + layout + ")");
     if (t.shape != expected) {
         throw Error(name, "expected shape " + str(expected) + " " + layout + ", got " + str(t.shape));
     }

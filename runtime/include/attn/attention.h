@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace attn {
@@ -36,6 +37,12 @@ struct TensorView {
     T *data = nullptr;
     std::size_t size = 0;
     Shape shape;
+
+    TensorView() = default;
+    TensorView(T *data_, std::size_t size_, Shape shape_) : data(data_), size(size_), shape(std::move(shape_)) {}
+    // A mutable view converts to a read-only one.
+    template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T> && !std::is_const_v<U>>>
+    TensorView(const TensorView<U> &other) : data(other.data), size(other.size), shape(other.shape) {}
 
     bool empty() const { return data == nullptr && size == 0 && shape.empty(); }
 };
