@@ -130,6 +130,8 @@ std::vector<BadCall> bad_calls() {
     };
 }
 
+void PrintTo(const BadCall &bad, std::ostream *os) { *os << bad.name; }
+
 class BadInputTest : public ::testing::TestWithParam<BadCall> {};
 
 TEST_P(BadInputTest, ThrowsErrorNamingTheArgument) {

@@ -6,11 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <tuple>
 
 namespace attn::testing {
 
 using VariantProblem = std::tuple<VariantInfo, Problem>;
+
+// Readable parameters in test output.
+inline void PrintTo(const Problem &p, std::ostream *os) { *os << p.name(); }
 
 inline std::string variant_problem_name(const ::testing::TestParamInfo<VariantProblem> &info) {
     return std::get<0>(info.param).name + "__" + std::get<1>(info.param).name();
@@ -29,3 +33,7 @@ struct ReferenceRun {
 const ReferenceRun &reference_run(const LayerData &data);
 
 }  // namespace attn::testing
+
+namespace attn {
+inline void PrintTo(const VariantInfo &v, std::ostream *os) { *os << v.name; }
+}  // namespace attn
