@@ -51,13 +51,6 @@ protected:
     Shape q_shape() const { return {problem().batch, problem().s_q, problem().hidden}; }
     Shape kv_shape() const { return {problem().batch, problem().s_k, problem().hidden}; }
     Shape score_shape() const { return {problem().batch, problem().heads, problem().s_q, problem().s_k}; }
-    static void check(const char *what, const GuardedOutput &out, const std::vector<double> &exact,
-                      const std::vector<float> &float32) {
-        const Accuracy a = check_accuracy(out.data(), exact, float32);
-        EXPECT_TRUE(a.ok) << a.report(what);
-        EXPECT_TRUE(out.guards_intact()) << what << ": written outside its buffer";
-    }
-
     std::unique_ptr<LayerData> data_;
     const ReferenceRun *ref_ = nullptr;
     reference::Sizes sizes_;
@@ -72,9 +65,9 @@ TEST_P(StageTest, QkvProjection) {
     const int64_t rows_q = sizes_.batch * sizes_.s_q, rows_k = sizes_.batch * sizes_.s_k;
     const std::vector<double> x = reference::widen<double>(in.x), kv = reference::widen<double>(x_kv);
     const std::vector<float> xf = reference::widen<float>(in.x), kvf = reference::widen<float>(x_kv);
-    check("q", q, reference::linear(x, rows_q, w.w_q, w.b_q), reference::linear(xf, rows_q, w.w_q, w.b_q));
-    check("k", k, reference::linear(kv, rows_k, w.w_k, w.b_k), reference::linear(kvf, rows_k, w.w_k, w.b_k));
-    check("v", v, reference::linear(kv, rows_k, w.w_v, w.b_v), reference::linear(kvf, rows_k, w.w_v, w.b_v));
+    expect_matches_reference("q", q, reference::linear(x, rows_q, w.w_q, w.b_q), reference::linear(xf, rows_q, w.w_q, w.b_q));
+    expect_matches_reference("k", k, reference::linear(kv, rows_k, w.w_k, w.b_k), reference::linear(kvf, rows_k, w.w_k, w.b_k));
+    expect_matches_reference("v", v, reference::linear(kv, rows_k, w.w_v, w.b_v), reference::linear(kvf, rows_k, w.w_v, w.b_v));
 }
 
 TEST_P(StageTest, AttentionScores) {
@@ -83,7 +76,7 @@ TEST_P(StageTest, AttentionScores) {
     GuardedOutput scores(score_shape());
     stages::attention_scores(variant(), config(), view_of(q, q_shape()), view_of(k, kv_shape()), bias, scores.view());
     const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end());
-    check("scores", scores, reference::attention_scores(config(), sizes_, qd, kd, bias),
+    expect_matches_reference("scores", scores, reference::attention_scores(config(), sizes_, qd, kd, bias),
           reference::attention_scores(config(), sizes_, q, k, bias));
 }
 
@@ -93,7 +86,7 @@ TEST_P(StageTest, MaskedSoftmax) {
     GuardedOutput probs(score_shape());
     stages::masked_softmax(variant(), config(), view_of(scores, score_shape()), mask, probs.view());
     const std::vector<double> sd(scores.begin(), scores.end());
-    check("probs", probs, reference::masked_softmax(config(), sizes_, sd, mask),
+    expect_matches_reference("probs", probs, reference::masked_softmax(config(), sizes_, sd, mask),
           reference::masked_softmax(config(), sizes_, scores, mask));
 }
 
@@ -102,7 +95,7 @@ TEST_P(StageTest, WeightedSum) {
     GuardedOutput ctx(q_shape());
     stages::weighted_sum(variant(), config(), view_of(probs, score_shape()), view_of(v, kv_shape()), ctx.view());
     const std::vector<double> pd(probs.begin(), probs.end()), vd(v.begin(), v.end());
-    check("ctx", ctx, reference::weighted_sum(config(), sizes_, pd, vd), reference::weighted_sum(config(), sizes_, probs, v));
+    expect_matches_reference("ctx", ctx, reference::weighted_sum(config(), sizes_, pd, vd), reference::weighted_sum(config(), sizes_, probs, v));
 }
 
 TEST_P(StageTest, OutputLayerNorm) {
@@ -111,7 +104,7 @@ TEST_P(StageTest, OutputLayerNorm) {
     GuardedOutput y(q_shape());
     stages::output_layernorm(variant(), config(), view_of(ctx, q_shape()), in.x, data_->weights(), y.view());
     const std::vector<double> cd(ctx.begin(), ctx.end());
-    check("y", y, reference::output_layernorm(config(), sizes_, cd, reference::widen<double>(in.x), data_->weights()),
+    expect_matches_reference("y", y, reference::output_layernorm(config(), sizes_, cd, reference::widen<double>(in.x), data_->weights()),
           reference::output_layernorm(config(), sizes_, ctx, reference::widen<float>(in.x), data_->weights()));
 }
 
@@ -147,10 +140,8 @@ TEST_P(SoftmaxFillTest, MatchesReference) {
     stages::masked_softmax(variant, p.config(), {scores.data(), scores.size(), shape}, mask, probs.view());
     const std::vector<double> sd(scores.begin(), scores.end());
     const reference::Sizes sizes{p.batch, p.s_q, p.s_k};
-    const Accuracy a = check_accuracy(probs.data(), reference::masked_softmax(p.config(), sizes, sd, mask),
-                                      reference::masked_softmax(p.config(), sizes, scores, mask));
-    EXPECT_TRUE(a.ok) << a.report("probs");
-    EXPECT_TRUE(probs.guards_intact());
+    expect_matches_reference("probs", probs, reference::masked_softmax(p.config(), sizes, sd, mask),
+                             reference::masked_softmax(p.config(), sizes, scores, mask));
 }
 
 std::string variant_fill_name(const ::testing::TestParamInfo<VariantFill> &info) {

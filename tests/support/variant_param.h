@@ -32,6 +32,14 @@ struct ReferenceRun {
 };
 const ReferenceRun &reference_run(const LayerData &data);
 
+// Applies the accuracy rule to an output and checks nothing was written around it.
+inline void expect_matches_reference(const char *what, const GuardedOutput &out, const std::vector<double> &exact,
+                                     const std::vector<float> &float32) {
+    const Accuracy a = check_accuracy(out.data(), exact, float32);
+    EXPECT_TRUE(a.ok) << a.report(what);
+    EXPECT_TRUE(out.guards_intact()) << what << ": written outside its buffer";
+}
+
 }  // namespace attn::testing
 
 namespace attn {
