@@ -11,18 +11,23 @@ const Dims dims;
 // The identity of the row max. A finite value, not -inf: Halide compiles with
 // fast-math assumptions, and a fully excluded row must give zeros, not NaN.
 const float kLowest = std::numeric_limits<float>::lowest();
+
+// An index a tile may run past, clamped to the last valid one (see the header).
+Expr last(Expr i, Expr extent) { return min(i, extent - 1); }
 }  // namespace
 
-Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr in_features) {
+Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr features, Expr tokens) {
     const Var &out = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var in_feature{"in_feature"};
     Linear l;
     l.weight_transposed = Func{name + "_weight_t"};
-    l.weight_transposed(out, in_feature) = weight(in_feature, out);
-    l.k = RDom(0, in_features, name + "_k");
+    l.weight_transposed(out, in_feature) = weight(in_feature, last(out, features));
+    l.k = RDom(0, features, name + "_k");
+    l.product = Func{name + "_product"};
+    l.product(out, s, b) = 0.0f;
+    l.product(out, s, b) += in(l.k, last(s, tokens), b) * l.weight_transposed(out, l.k);
     l.out = Func{name};
-    l.out(out, s, b) = bias(out);
-    l.out(out, s, b) += in(l.k, s, b) * l.weight_transposed(out, l.k);
+    l.out(out, s, b) = l.product(out, s, b) + bias(out);
     return l;
 }
 
@@ -33,15 +38,15 @@ Func split_heads(const std::string &name, Func tensor, Expr head_dim) {
     return heads;
 }
 
-Scores scaled_scores(Func q_heads, Func k_heads, Func bias, Expr head_dim) {
+Scores scaled_scores(Func q_heads, Func k_heads, Func bias, Expr head_dim, Expr s_q, Expr s_k) {
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch, &e = dims.head_dim;
     Scores s;
     s.key_transposed = Func{"key_transposed"};
-    s.key_transposed(j, e, h, b) = k_heads(e, h, j, b);
+    s.key_transposed(j, e, h, b) = k_heads(e, h, last(j, s_k), b);
     s.e = RDom(0, head_dim, "e");
     s.dot = Func{"dot"};
     s.dot(j, i, h, b) = 0.0f;
-    s.dot(j, i, h, b) += q_heads(s.e, h, i, b) * s.key_transposed(j, s.e, h, b);
+    s.dot(j, i, h, b) += q_heads(s.e, h, last(i, s_q), b) * s.key_transposed(j, s.e, h, b);
     s.scores = Func{"scores"};
     s.scores(j, i, h, b) = s.dot(j, i, h, b) * (1.0f / sqrt(cast<float>(head_dim))) + bias(j, i, h, b);
     return s;
@@ -70,28 +75,33 @@ MaskedSoftmax masked_softmax(Func scores, Func key_padding_mask, Expr causal, Ex
     return m;
 }
 
-WeightedSum weighted_sum(Func probs, Func v_heads, Expr s_k) {
+WeightedSum weighted_sum(Func probs, Func v_heads, Expr head_dim, Expr s_q, Expr s_k) {
     const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch;
     WeightedSum w;
     w.j = RDom(0, s_k, "context_j");
+    w.ctx_sum = Func{"ctx_sum"};
+    w.ctx_sum(e, h, i, b) = 0.0f;
+    w.ctx_sum(e, h, i, b) += probs(w.j, last(i, s_q), h, b) * v_heads(last(e, head_dim), h, w.j, b);
     w.ctx = Func{"ctx"};
-    w.ctx(e, h, i, b) = 0.0f;
-    w.ctx(e, h, i, b) += probs(w.j, i, h, b) * v_heads(e, h, w.j, b);
+    w.ctx(e, h, i, b) = w.ctx_sum(e, h, i, b);
     return w;
 }
 
 OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b_o, Func gamma,
-                                 Func beta, Expr eps, Expr head_dim, Expr heads, Expr hidden) {
+                                 Func beta, Expr eps, Expr head_dim, Expr heads, Expr hidden,
+                                 Expr tokens) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var in_feature{"in_feature"};
     OutputLayerNorm n;
     n.weight_transposed = Func{"w_o_t"};
-    n.weight_transposed(o, in_feature) = w_o(in_feature, o);
+    n.weight_transposed(o, in_feature) = w_o(in_feature, last(o, hidden));
     n.in_feature = RDom(0, head_dim, 0, heads, "in_feature");
     const RVar &e = n.in_feature.x, &h = n.in_feature.y;
+    n.projection = Func{"projection"};
+    n.projection(o, s, b) = 0.0f;
+    n.projection(o, s, b) += ctx_heads(e, h, last(s, tokens), b) * n.weight_transposed(o, h * head_dim + e);
     n.dense = Func{"dense"};
-    n.dense(o, s, b) = residual(o, s, b) + b_o(o);
-    n.dense(o, s, b) += ctx_heads(e, h, s, b) * n.weight_transposed(o, h * head_dim + e);
+    n.dense(o, s, b) = residual(o, s, b) + b_o(o) + n.projection(o, s, b);
 
     n.row = RDom(0, hidden, "row");
     Expr inv_hidden = 1.0f / cast<float>(hidden);
@@ -114,17 +124,17 @@ OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b
 AttentionLayer attention_layer(const LayerInputs &in) {
     Expr head_dim = in.hidden / in.heads;
     AttentionLayer l;
-    l.q = linear("q", in.x, in.w_q, in.b_q, in.hidden);
-    l.k = linear("k", in.kv, in.w_k, in.b_k, in.hidden);
-    l.v = linear("v", in.kv, in.w_v, in.b_v, in.hidden);
+    l.q = linear("q", in.x, in.w_q, in.b_q, in.hidden, in.s_q);
+    l.k = linear("k", in.kv, in.w_k, in.b_k, in.hidden, in.s_k);
+    l.v = linear("v", in.kv, in.w_v, in.b_v, in.hidden, in.s_k);
     l.q_heads = split_heads("q_heads", l.q.out, head_dim);
     l.k_heads = split_heads("k_heads", l.k.out, head_dim);
     l.v_heads = split_heads("v_heads", l.v.out, head_dim);
-    l.scores = scaled_scores(l.q_heads, l.k_heads, in.bias, head_dim);
+    l.scores = scaled_scores(l.q_heads, l.k_heads, in.bias, head_dim, in.s_q, in.s_k);
     l.softmax = masked_softmax(l.scores.scores, in.key_padding_mask, in.causal, in.s_q, in.s_k);
-    l.context = weighted_sum(l.softmax.probs, l.v_heads, in.s_k);
+    l.context = weighted_sum(l.softmax.probs, l.v_heads, head_dim, in.s_q, in.s_k);
     l.output = output_layernorm(l.context.ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps,
-                                head_dim, in.heads, in.hidden);
+                                head_dim, in.heads, in.hidden, in.s_q);
     return l;
 }
 

@@ -2,6 +2,11 @@
 // Every generator (each stage alone, and the fused layer) builds its pipeline
 // from these helpers; none of them schedules anything.
 //
+// Edge reads are clamped: every read whose index a schedule's register tile may run
+// past (a token row, an output feature, a key) goes through min(i, extent - 1), so a
+// schedule can compute whole constant-size tiles at a buffer's edge; the extra
+// values are never stored.
+//
 // Dimension order: buffers arrive in PyTorch's row-major layout, and Halide lists
 // dimensions innermost first, so a [B, S, H] tensor is indexed (hidden, seq, batch)
 // here and a [B, heads, S_q, S_k] tensor is (key, query, head, batch).
@@ -26,13 +31,15 @@ struct Dims {
 };
 
 // y = x · Wᵀ + b with nn.Linear's weight [out, in]: out(o, s, b) = bias(o) + Σ_k in(k, s, b) · weight(k, o).
+// Square weights (H × H), `tokens` rows of `in` per batch.
 struct Linear {
     Halide::Func weight_transposed;  // (out, in): lets a schedule vectorize over output features
-    Halide::Func out;                // (out, seq, batch)
+    Halide::Func product;            // (out, seq, batch): Σ_k in · Wᵀ, the GEMM
+    Halide::Func out;                // (out, seq, batch): product + bias
     Halide::RDom k;
 };
 Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Halide::Func bias,
-              Halide::Expr in_features);
+              Halide::Expr features, Halide::Expr tokens);
 
 // Head view of a [B, S, H] tensor: (head_dim, head, seq, batch), the transpose_for_scores view.
 Halide::Func split_heads(const std::string &name, Halide::Func tensor, Halide::Expr head_dim);
@@ -45,7 +52,7 @@ struct Scores {
     Halide::RDom e;
 };
 Scores scaled_scores(Halide::Func q_heads, Halide::Func k_heads, Halide::Func bias,
-                     Halide::Expr head_dim);
+                     Halide::Expr head_dim, Halide::Expr s_q, Halide::Expr s_k);
 
 // A key j is kept for query i unless key_padding_mask(j, b) == 0, or causal and
 // j > i + (S_k − S_q) (bottom-right aligned). Excluded keys get probability 0; a row
@@ -63,14 +70,17 @@ MaskedSoftmax masked_softmax(Halide::Func scores, Halide::Func key_padding_mask,
 
 // ctx(e, h, i, b) = Σ_j probs(j, i, h, b) · V[b, j, h, e]
 struct WeightedSum {
-    Halide::Func ctx;  // (head_dim, head, query, batch)
+    Halide::Func ctx_sum;  // (head_dim, head, query, batch): the reduction over keys
+    Halide::Func ctx;      // (head_dim, head, query, batch): its result
     Halide::RDom j;
 };
-WeightedSum weighted_sum(Halide::Func probs, Halide::Func v_heads, Halide::Expr s_k);
+WeightedSum weighted_sum(Halide::Func probs, Halide::Func v_heads, Halide::Expr head_dim,
+                         Halide::Expr s_q, Halide::Expr s_k);
 
 // y = LayerNorm(x + ctx · W_oᵀ + b_o), population variance, eps inside the root.
 struct OutputLayerNorm {
     Halide::Func weight_transposed;  // W_o as (out, in)
+    Halide::Func projection;         // (hidden, seq, batch): ctx · W_oᵀ, the GEMM
     Halide::Func dense;              // (hidden, seq, batch): residual + projection + bias
     Halide::Func sum;                // (seq, batch): Σ dense over the row
     Halide::Func sum_sq_dev;         // (seq, batch): Σ (dense − mean)² over the row (two-pass: accurate)
@@ -82,7 +92,7 @@ struct OutputLayerNorm {
 OutputLayerNorm output_layernorm(Halide::Func ctx_heads, Halide::Func residual, Halide::Func w_o,
                                  Halide::Func b_o, Halide::Func gamma, Halide::Func beta,
                                  Halide::Expr eps, Halide::Expr head_dim, Halide::Expr heads,
-                                 Halide::Expr hidden);
+                                 Halide::Expr hidden, Halide::Expr tokens);
 
 // The whole layer, with every intermediate Func named so schedules can reach it.
 struct AttentionLayer {

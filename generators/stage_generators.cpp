@@ -36,10 +36,10 @@ public:
     std::string stage_name() const { return "qkv_projection"; }
 
     void generate() {
-        Expr hidden = x_q.dim(0).extent();
-        q_ = linear("q", x_q, w_q, b_q, hidden);
-        k_ = linear("k", x_kv, w_k, b_k, hidden);
-        v_ = linear("v", x_kv, w_v, b_v, hidden);
+        Expr hidden = x_q.dim(0).extent(), s_q = x_q.dim(1).extent(), s_k = x_kv.dim(1).extent();
+        q_ = linear("q", x_q, w_q, b_q, hidden, s_q);
+        k_ = linear("k", x_kv, w_k, b_k, hidden, s_k);
+        v_ = linear("v", x_kv, w_v, b_v, hidden, s_k);
         q = q_.out;
         k = k_.out;
         v = v_.out;
@@ -73,7 +73,7 @@ public:
     void generate() {
         Expr head_dim = q.dim(0).extent() / heads;
         scores_ = scaled_scores(split_heads("q_heads", q, head_dim), split_heads("k_heads", k, head_dim),
-                                bias, head_dim);
+                                bias, head_dim, q.dim(1).extent(), k.dim(1).extent());
         scores = scores_.scores;
 
         estimate_activation(q);
@@ -129,7 +129,8 @@ public:
 
     void generate() {
         Expr head_dim = v.dim(0).extent() / probs.dim(2).extent();
-        context_ = weighted_sum(probs, split_heads("v_heads", v, head_dim), probs.dim(0).extent());
+        context_ = weighted_sum(probs, split_heads("v_heads", v, head_dim), head_dim, probs.dim(1).extent(),
+                                probs.dim(0).extent());
         ctx = context_.ctx;
 
         probs.set_estimates(score_estimate());
@@ -160,7 +161,7 @@ public:
         Expr hidden = x.dim(0).extent();
         // One "head" spanning all of H: the same algorithm the fused layer uses on its head view.
         output_ = output_layernorm(split_heads("ctx_heads", ctx, hidden), x, w_o, b_o, gamma, beta, eps,
-                                   hidden, 1, hidden);
+                                   hidden, 1, hidden, x.dim(1).extent());
         y = output_.y;
 
         estimate_activation(ctx);

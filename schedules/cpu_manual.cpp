@@ -10,105 +10,138 @@ namespace {
 const Dims dims;
 constexpr TailStrategy kGuard = TailStrategy::GuardWithIf;
 
-// Rows of a register tile: each row holds `vectors` accumulators, and
-// rows × vectors stays within the 16 vector registers of AVX2 (AVX-512 has 32).
+// The register tile of every GEMM-shaped reduction: kTileRows rows by kTileVectors
+// vectors of accumulators (12 of the 16 vector registers of SSE/AVX2, leaving room
+// for the loaded row and the broadcasts). The tile is a constant-size Func computed
+// inside its consumer's tile and fully unrolled, so LLVM keeps it in registers for
+// the whole reduction; the algorithm clamps edge reads, so edge tiles are whole too.
 constexpr int kTileRows = 4;
-constexpr int kTileVectors = 2;
+constexpr int kTileVectors = 3;
+// The weighted sum's tile: two vectors of the head dimension (16 floats on AVX2
+// divide d = 32, 64, 80) by kTileRows query rows.
+constexpr int kContextVectors = 2;
 
 int vector_width(const Target &target) { return target.natural_vector_size<float>(); }
 
-// out(o, s, b) += in(k, s, b) · W_t(o, k): a tile of kTileVectors vectors of outputs by
-// kTileRows rows stays in registers while k runs; row blocks run in parallel.
-void schedule_projection(Func out, Func weight_transposed, const std::vector<RVar> &reduction,
-                         const Target &target) {
+// Computes the reduction `tile` (a pure init and one update over `reduction`) as a
+// register tile of `columns` × kTileRows at `at`: `column` vectorized and unrolled,
+// `row` unrolled, the reduction outside both.
+void register_tile(Func tile, const Var &column, const Var &row, const std::vector<RVar> &reduction,
+                   int columns, LoopLevel at, const Target &target) {
     const int vw = vector_width(target);
-    const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
-    Var in_feature{"in_feature"}, oo{"oo"}, oi{"oi"}, so{"so"}, si{"si"};
-    weight_transposed.compute_root()
-        .split(in_feature, oo, oi, 16, kGuard)
-        .parallel(oo)
-        .vectorize(o, vw, kGuard);
-    out.compute_root().vectorize(o, vw, kGuard).parallel(s);
-    std::vector<VarOrRVar> order{oi, si};
+    Var vec{"vec"}, lane{"lane"};
+    tile.compute_at(at)
+        .bound_extent(column, columns)
+        .bound_extent(row, kTileRows)
+        .vectorize(column, vw)
+        .unroll(column)
+        .unroll(row);
+    std::vector<VarOrRVar> order{lane, vec, row};
     order.insert(order.end(), reduction.begin(), reduction.end());
-    order.insert(order.end(), {oo, so, b});
-    out.update()
-        .split(o, oo, oi, vw * kTileVectors, kGuard)
-        .split(s, so, si, kTileRows, kGuard)
-        .reorder(order)
-        .vectorize(oi)
-        .unroll(si)
-        .parallel(so)
-        .parallel(b);
+    tile.update().split(column, vec, lane, vw).reorder(order).vectorize(lane).unroll(vec).unroll(row);
 }
 
-// Q·Kᵀ for a block of queries: keys are vectorized (K transposed
-// per head so they are contiguous), query rows unrolled, the head dimension reduced.
-void schedule_dot(attn_gen::Scores sc, const Target &target) {
-    const int vw = vector_width(target);
+// out(o, s, b) = product + bias, with product a register tile per (panel of output
+// features, block of rows). Panels run in parallel; each transposes its slice of the
+// weight once (a packed panel: the tile's loads are contiguous) and reuses it for
+// every row block of every batch.
+void schedule_projection(attn_gen::Linear l, const Target &target) {
+    const int vw = vector_width(target), panel = vw * kTileVectors;
+    const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
+    Var oo{"oo"}, oi{"oi"}, so{"so"}, si{"si"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
+    l.out.compute_root()
+        .split(o, oo, oi, panel, kGuard)
+        .split(s, so, si, kTileRows, kGuard)
+        .reorder(oi, si, so, b, oo)
+        .vectorize(oi, vw, kGuard)
+        .parallel(oo);
+    l.weight_transposed.compute_at(l.out, oo)
+        .bound_extent(o, panel)
+        .split(in_feature, ko, ki, vw, kGuard)
+        .reorder(o, ki, ko)
+        .vectorize(o, vw)
+        .unroll(ki);
+    register_tile(l.product, o, s, {l.k}, panel, LoopLevel(l.out, so), target);
+}
+
+// Q·Kᵀ for the rows of `block` (a block of kTileRows queries, all keys): keys in
+// register tiles of kTileVectors vectors (K is transposed per head so keys are
+// contiguous), the head dimension reduced.
+void schedule_dot_rows(attn_gen::Scores sc, LoopLevel block, const Target &target) {
+    const int vw = vector_width(target), columns = vw * kTileVectors;
     const Var &j = dims.key, &i = dims.query;
     Var jo{"jo"}, ji{"ji"};
-    sc.dot.vectorize(j, vw, kGuard);
-    sc.dot.update()
-        .split(j, jo, ji, vw * kTileVectors, kGuard)
-        .reorder(ji, i, sc.e, jo)
-        .vectorize(ji)
-        .unroll(i);
+    Func dot_rows = sc.dot.in();
+    dot_rows.compute_at(block).split(j, jo, ji, columns, kGuard).reorder(ji, i, jo).vectorize(ji, vw, kGuard);
+    register_tile(sc.dot, j, i, {sc.e}, columns, LoopLevel(dot_rows, jo), target);
 }
 
-// Row max, exponentials and row sum for the rows computed at `at`.
-void schedule_softmax_rows(attn_gen::MaskedSoftmax m, LoopLevel at, const Target &target) {
+// Row max, exponentials, row sum and probabilities for the rows computed at `at`;
+// the two row reductions are vectorized across keys.
+void schedule_softmax_rows(attn_gen::MaskedSoftmax m, LoopLevel at, bool probs_too, const Target &target) {
     const int vw = vector_width(target);
-    m.row_max.compute_at(at);
-    m.exp_scores.compute_at(at).vectorize(dims.key, vw, kGuard);
-    m.row_sum.compute_at(at);
+    const Var &j = dims.key;
+    for (Func row : {m.row_max, m.row_sum}) {
+        RVar jo{"jo"}, ji{"ji"};
+        row.compute_at(at);
+        row.update().split(m.j.x, jo, ji, vw, kGuard).atomic().vectorize(ji);
+    }
+    m.exp_scores.compute_at(at).vectorize(j, vw, kGuard);
+    if (probs_too) m.probs.compute_at(at).vectorize(j, vw, kGuard);
 }
 
-// ctx(e, h, i, b) += p(j, i, h, b) · V(e, h, j, b): one vector of the head dimension by
-// kTileRows query rows in registers while keys are reduced. Leaves the loops
-// (ei, ii, j, eo, io, h, b) for the caller to parallelize.
-void schedule_context_update(Func ctx, const RDom &j, const Target &target) {
-    const int vw = vector_width(target);
+// ctx(e, h, i, b) = Σ_j p · V: ctx tiles of kContextVectors vectors by kTileRows rows,
+// each a register tile reducing over keys. Leaves (ei, ii, eo, io, h, b) for the caller.
+void schedule_context(attn_gen::WeightedSum w, const Target &target) {
+    const int vw = vector_width(target), columns = vw * kContextVectors;
     const Var &e = dims.head_dim, &i = dims.query, &h = dims.head, &b = dims.batch;
     Var eo{"eo"}, ei{"ei"}, io{"io"}, ii{"ii"};
-    ctx.compute_root().vectorize(e, vw, kGuard).parallel(i);
-    ctx.update()
+    w.ctx.compute_root()
         .split(i, io, ii, kTileRows, kGuard)
-        .split(e, eo, ei, vw, kGuard)
-        .reorder(ei, ii, j, eo, io, h, b)
-        .vectorize(ei)
-        .unroll(ii);
+        .split(e, eo, ei, columns, kGuard)
+        .reorder(ei, ii, eo, io, h, b)
+        .vectorize(ei, vw, kGuard);
+    register_tile(w.ctx_sum, e, i, {w.j}, columns, LoopLevel(w.ctx, eo), target);
 }
 
-// Dense projection, residual and LayerNorm for a block of rows at a time: the
-// statistics need whole rows, so dense is computed per row block inside y.
+// dense = residual + bias + ctx·W_oᵀ as a projection (packed panels, register tiles),
+// then LayerNorm per block of rows, reading dense back from cache: the statistics
+// need whole rows, which a panel does not have.
 void schedule_output(attn_gen::OutputLayerNorm n, const Target &target) {
-    const int vw = vector_width(target);
+    const int vw = vector_width(target), panel = vw * kTileVectors;
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
-    Var so{"so"}, si{"si"}, oo{"oo"}, oi{"oi"}, in_feature{"in_feature"};
-    n.y.compute_root().split(s, so, si, kTileRows, kGuard).reorder(o, si, so, b)
-        .vectorize(o, vw, kGuard).parallel(so).parallel(b);
-    n.weight_transposed.compute_root()
-        .split(in_feature, oo, oi, 16, kGuard)
-        .parallel(oo)
-        .vectorize(o, vw, kGuard);
-    n.dense.compute_at(n.y, so).vectorize(o, vw, kGuard);
-    n.dense.update()
-        .split(o, oo, oi, vw * kTileVectors, kGuard)
-        .reorder(oi, s, n.in_feature.x, n.in_feature.y, oo)
-        .vectorize(oi)
-        .unroll(s);
-    n.sum.compute_at(n.y, so);
-    n.sum_sq_dev.compute_at(n.y, so);
+    Var so{"so"}, si{"si"}, oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
+    n.dense.compute_root()
+        .split(o, oo, oi, panel, kGuard)
+        .split(s, so, si, kTileRows, kGuard)
+        .reorder(oi, si, so, b, oo)
+        .vectorize(oi, vw, kGuard)
+        .parallel(oo);
+    n.weight_transposed.compute_at(n.dense, oo)
+        .bound_extent(o, panel)
+        .split(in_feature, ko, ki, vw, kGuard)
+        .reorder(o, ki, ko)
+        .vectorize(o, vw)
+        .unroll(ki);
+    register_tile(n.projection, o, s, {n.in_feature.x, n.in_feature.y}, panel, LoopLevel(n.dense, so), target);
+    n.y.compute_root()
+        .split(s, so, si, kTileRows, kGuard)
+        .reorder(o, si, so, b)
+        .vectorize(o, vw, kGuard)
+        .parallel(so)
+        .parallel(b);
+    for (Func stat : {n.sum, n.sum_sq_dev}) {
+        RVar ro{"ro"}, ri{"ri"};
+        stat.compute_at(n.y, so);
+        stat.update().split(n.row.x, ro, ri, vw, kGuard).atomic().vectorize(ri);
+    }
 }
 
 }  // namespace
 
-void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k,
-                                 attn_gen::Linear v, const Target &target) {
-    for (attn_gen::Linear *l : {&q, &k, &v}) {
-        schedule_projection(l->out, l->weight_transposed, {l->k}, target);
-    }
+void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v,
+                                 const Target &target) {
+    for (attn_gen::Linear l : {q, k, v}) schedule_projection(l, target);
 }
 
 void schedule_attention_scores_cpu(attn_gen::Scores sc, const Target &target) {
@@ -122,53 +155,56 @@ void schedule_attention_scores_cpu(attn_gen::Scores sc, const Target &target) {
         .parallel(h)
         .parallel(b);
     sc.key_transposed.compute_at(sc.scores, h).vectorize(j, vw, kGuard);
-    sc.dot.compute_at(sc.scores, io);
-    schedule_dot(sc, target);
+    schedule_dot_rows(sc, LoopLevel(sc.scores, io), target);
 }
 
 void schedule_masked_softmax_cpu(attn_gen::MaskedSoftmax m, const Target &target) {
     const int vw = vector_width(target);
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
-    m.probs.compute_root().vectorize(j, vw, kGuard).parallel(i).parallel(h).parallel(b);
-    schedule_softmax_rows(m, LoopLevel(m.probs, i), target);
+    // Rows are too short to be tasks of their own: parallel over heads and batches.
+    m.probs.compute_root().vectorize(j, vw, kGuard).parallel(h).parallel(b);
+    schedule_softmax_rows(m, LoopLevel(m.probs, i), false, target);
 }
 
 void schedule_weighted_sum_cpu(attn_gen::WeightedSum w, const Target &target) {
-    schedule_context_update(w.ctx, w.j, target);
-    w.ctx.update().parallel(Var{"io"}).parallel(dims.head).parallel(dims.batch);
+    schedule_context(w, target);
+    w.ctx.parallel(dims.head).parallel(dims.batch);
 }
 
 void schedule_output_layernorm_cpu(attn_gen::OutputLayerNorm n, const Target &target) {
     schedule_output(n, target);
 }
 
-void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_output,
-                                  const Target &target) {
+void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_output, const Target &target) {
     const int vw = vector_width(target);
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
     schedule_qkv_projection_cpu(l.q, l.k, l.v, target);
 
-    // Attention core, flash-style on CPU: per (batch, head), a block of query rows at a
-    // time computes its scores, softmax and weighted sum, so memory stays O(S).
-    Func ctx = l.context.ctx;
+    // Attention core, flash-style on CPU: per (batch, head), a block of kTileRows query
+    // rows at a time computes its scores, softmax and weighted sum, so memory stays O(S).
     Var io{"io"}, head_batch{"head_batch"};
-    schedule_context_update(ctx, l.context.j, target);
-    ctx.update().fuse(h, b, head_batch).parallel(head_batch);
+    schedule_context(l.context, target);
+    l.context.ctx.fuse(h, b, head_batch).parallel(head_batch);
 
     if (probs_are_output) {
         // The caller asked for the probabilities: they are an S×S output anyway.
-        l.softmax.probs.compute_root().vectorize(j, vw, kGuard).parallel(i).parallel(h).parallel(b);
-        LoopLevel rows(l.softmax.probs, i);
-        l.scores.key_transposed.compute_root().vectorize(j, vw, kGuard).parallel(h).parallel(b);
-        l.scores.dot.compute_at(rows);
-        schedule_softmax_rows(l.softmax, rows, target);
+        Var pio{"pio"}, pii{"pii"};
+        l.softmax.probs.compute_root()
+            .split(i, pio, pii, kTileRows, kGuard)
+            .reorder(j, pii, pio, h, b)
+            .vectorize(j, vw, kGuard)
+            .parallel(h)
+            .parallel(b);
+        LoopLevel rows(l.softmax.probs, pio);
+        l.scores.key_transposed.compute_at(l.softmax.probs, h).vectorize(j, vw, kGuard);
+        schedule_dot_rows(l.scores, rows, target);
+        schedule_softmax_rows(l.softmax, rows, false, target);
     } else {
-        LoopLevel block(ctx, io);
-        l.scores.key_transposed.compute_at(ctx, head_batch).vectorize(j, vw, kGuard);
-        l.scores.dot.compute_at(block);
-        schedule_softmax_rows(l.softmax, block, target);
+        LoopLevel block(l.context.ctx, io);
+        l.scores.key_transposed.compute_at(l.context.ctx, head_batch).vectorize(j, vw, kGuard);
+        schedule_dot_rows(l.scores, block, target);
+        schedule_softmax_rows(l.softmax, block, true, target);
     }
-    schedule_dot(l.scores, target);
     schedule_output(l.output, target);
 }
 

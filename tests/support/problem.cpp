@@ -130,6 +130,37 @@ std::string Accuracy::report(const std::string &what) const {
     return s.str();
 }
 
+const std::vector<ListedProblem> &problem_list() {
+    auto make = [](int64_t batch, int64_t seq, int64_t hidden, bool causal, Mask mask) {
+        Problem p;
+        p.batch = batch;
+        p.s_q = p.s_k = seq;
+        p.hidden = hidden;
+        p.causal = causal;
+        p.mask = mask;
+        return p;
+    };
+    static const std::vector<ListedProblem> list{
+        // BERT-base (12 heads of 64), one 128-token sequence: the latency case.
+        {make(1, 128, 768, false, Mask::none), "BERT-base, one 128-token sequence", true},
+        // BERT-base at SQuAD's usual 384-token length.
+        {make(1, 384, 768, false, Mask::none), "BERT-base, 384 tokens (SQuAD)", true},
+        // BERT-base serving a batch of 8 padded sentences of seeded lengths in [1, 128].
+        {make(8, 128, 768, false, Mask::padding), "BERT-base, batch of 8 padded sentences", true},
+        // all-MiniLM-L6-v2 (H=384, 12 heads of 32), the sentence-embedding workhorse.
+        {make(1, 128, 384, false, Mask::none), "MiniLM-L6 (all-MiniLM-L6-v2)", true},
+        // GPT-2 small's decoder attention shape (H=768, 12 heads), causal.
+        {make(1, 128, 768, true, Mask::none), "GPT-2 small, causal", true},
+        // Long context at BERT-base width: the S×S probabilities would be 192 MiB
+        // (S=2048) and 768 MiB (S=4096) per sequence; the fused layer keeps O(S).
+        {make(1, 2048, 768, false, Mask::none), "long context, BERT-base width", false},
+        {make(1, 2048, 768, true, Mask::none), "long context, causal (decoder)", false},
+        {make(1, 4096, 768, false, Mask::none), "long context, BERT-base width", false},
+        {make(1, 4096, 768, true, Mask::none), "long context, causal (decoder)", false},
+    };
+    return list;
+}
+
 double median(std::vector<double> samples) {
     if (samples.empty()) return 0;
     std::sort(samples.begin(), samples.end());

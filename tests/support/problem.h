@@ -72,4 +72,15 @@ Accuracy check_accuracy(const float *actual, const std::vector<double> &referenc
 
 double median(std::vector<double> samples);
 
+// The problem list shared by the tests and the benchmarks (benchdnn style). Each
+// entry says which model it comes from; `reference_checked` entries are cheap
+// enough for the double reference in every test run (long contexts are not: they
+// are checked in the tests at a smaller hidden size, see test_layer.cpp).
+struct ListedProblem {
+    Problem problem;
+    const char *model;
+    bool reference_checked;
+};
+const std::vector<ListedProblem> &problem_list();
+
 }  // namespace attn::testing

@@ -1,0 +1,260 @@
+// The schedule comparison (Google Benchmark): every variant of the variant list, by
+// stage and for the fused layer, on the shared problem list, beside the OpenBLAS
+// peers. Names are <stage>/<variant>/<problem>, e.g.
+// self_attention/manual_avx2/b1_s128_h768_n12. Counters: GFLOP/s (the layer's GEMM
+// FLOPs; the softmax counts a nominal 5 FLOPs per score) and bytes (each input and
+// output touched once: the minimum traffic). The fused layer is checked against the
+// reference (DESIGN.md's accuracy rule) before it is timed, for every problem small
+// enough for the double reference; a wrong variant is reported as an error, not timed.
+//
+// Extra flag: --problems_json=PATH writes the problem list (with each sequence's real
+// length) for the out-of-process peers (bench/peers.py) and exits.
+#include "openblas_peers.h"
+#include "peak_memory.h"
+
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+
+namespace attn::bench {
+namespace {
+
+using testing::LayerData;
+using testing::ListedProblem;
+using testing::Problem;
+
+// Long contexts are benchmarked as a fused layer only: each S×S stage buffer
+// would be B·heads·S² floats (768 MiB at S=4096).
+constexpr int64_t kLongestStageSeq = 512;
+
+struct Work {
+    double flops = 0, bytes = 0;
+};
+
+Work work(const std::string &stage, const Problem &p) {
+    const double B = double(p.batch), Sq = double(p.s_q), Sk = double(p.s_k), H = double(p.hidden);
+    const double heads = double(p.heads), f = 4;  // bytes per float
+    const double qkv = 2 * B * (Sq + 2 * Sk) * H * H, attend = 2 * B * Sq * Sk * H, out = 2 * B * Sq * H * H;
+    const double scores = B * heads * Sq * Sk;
+    if (stage == "qkv_projection") return {qkv, f * (B * Sq * H + B * Sk * H + 3 * H * H + B * (Sq + 2 * Sk) * H)};
+    if (stage == "attention_scores") return {attend, f * (B * Sq * H + B * Sk * H + scores)};
+    if (stage == "masked_softmax") return {5 * scores, f * 2 * scores};
+    if (stage == "weighted_sum") return {attend, f * (scores + B * Sk * H + B * Sq * H)};
+    if (stage == "output_layernorm") return {out, f * (3 * B * Sq * H + H * H)};
+    return {qkv + 2 * attend + out, f * (2 * B * Sq * H + 4 * H * H)};  // the fused layer
+}
+
+void set_counters(benchmark::State &state, const Work &w) {
+    state.counters["GFLOP/s"] = benchmark::Counter(w.flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["bytes"] = w.bytes;
+    state.SetBytesProcessed(int64_t(w.bytes) * int64_t(state.iterations()));
+}
+
+// Inputs, the reference, and stage buffers of one problem, built on first use.
+struct Fixture {
+    LayerData data;
+    std::vector<double> exact_y;
+    std::vector<float> float32_y;
+    std::vector<float> scores, probs, q, k, v, ctx;  // stage inputs and outputs (short contexts only)
+
+    explicit Fixture(const ListedProblem &lp) : data(lp.problem) {
+        const Problem &p = lp.problem;
+        if (lp.reference_checked) {
+            const Config c = p.config();
+            exact_y = reference::attention_layer<double>(c, data.weights(), data.inputs()).y;
+            float32_y = reference::attention_layer<float>(c, data.weights(), data.inputs()).y;
+        }
+        if (p.s_q <= kLongestStageSeq) {
+            std::mt19937 rng(7);
+            std::uniform_real_distribution<float> score(-4.0f, 4.0f), prob(0.0f, 2.0f / float(p.s_k));
+            scores.resize(std::size_t(p.batch * p.heads * p.s_q * p.s_k));
+            for (float &s : scores) s = score(rng);
+            probs.resize(scores.size());
+            for (float &s : probs) s = prob(rng);
+            q.assign(data.x.begin(), data.x.end());
+            k = v = ctx = q;
+        }
+    }
+};
+
+Fixture &fixture(const ListedProblem &lp) {
+    static std::mutex mutex;
+    static std::map<std::string, std::unique_ptr<Fixture>> cache;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto &slot = cache[lp.problem.name()];
+    if (!slot) slot = std::make_unique<Fixture>(lp);
+    return *slot;
+}
+
+// Applies the accuracy rule when the problem has a reference; false (and the
+// benchmark marked as an error) when the output is wrong.
+bool output_is_correct(benchmark::State &state, const Fixture &f, const std::vector<float> &y,
+                       const std::string &who) {
+    if (f.exact_y.empty()) return true;
+    const testing::Accuracy a = testing::check_accuracy(y.data(), f.exact_y, f.float32_y);
+    state.counters["max_error"] = a.max_error;
+    if (!a.ok) state.SkipWithError(a.report(who).c_str());
+    return a.ok;
+}
+
+void fused_layer(benchmark::State &state, const VariantInfo &variant, const ListedProblem &lp) {
+    if (!variant.runnable) return state.SkipWithError(("cannot run here: " + variant.not_runnable_reason).c_str());
+    const Fixture &f = fixture(lp);
+    const Problem &p = lp.problem;
+    Attention layer(p.config(), f.data.weights(), variant.name);
+    std::vector<float> y(f.data.x.size());
+    auto y_view = view(y, {p.batch, p.s_q, p.hidden});
+    layer.forward(f.data.inputs(), y_view);
+    if (!output_is_correct(state, f, y, variant.name)) return;
+    for (auto _ : state) layer.forward(f.data.inputs(), y_view);
+    set_counters(state, work("self_attention", p));
+}
+
+void stage(benchmark::State &state, const std::string &name, const VariantInfo &variant, const ListedProblem &lp) {
+    if (!variant.runnable) return state.SkipWithError(("cannot run here: " + variant.not_runnable_reason).c_str());
+    Fixture &f = fixture(lp);
+    const Problem &p = lp.problem;
+    const Config c = p.config();
+    const LayerWeights w = f.data.weights();
+    const Shape bsh{p.batch, p.s_q, p.hidden}, scores{p.batch, p.heads, p.s_q, p.s_k};
+    const MaskTensor mask = f.data.inputs().key_padding_mask;
+    std::vector<float> out(std::max(f.scores.size(), f.q.size()));
+    std::vector<float> k(f.q.size()), v(f.q.size());
+    auto run = [&] {
+        if (name == "qkv_projection") {
+            stages::qkv_projection(variant, c, view(f.data.x, bsh), view(f.data.x, bsh), w, view(out, bsh),
+                                   view(k, bsh), view(v, bsh));
+        } else if (name == "attention_scores") {
+            stages::attention_scores(variant, c, view(f.q, bsh), view(f.k, bsh), {}, view(out, scores));
+        } else if (name == "masked_softmax") {
+            stages::masked_softmax(variant, c, view(f.scores, scores), mask, view(out, scores));
+        } else if (name == "weighted_sum") {
+            stages::weighted_sum(variant, c, view(f.probs, scores), view(f.v, bsh), view(out, bsh));
+        } else {
+            stages::output_layernorm(variant, c, view(f.ctx, bsh), view(f.data.x, bsh), w, view(out, bsh));
+        }
+    };
+    run();
+    for (auto _ : state) run();
+    set_counters(state, work(name, p));
+}
+
+void openblas_layer(benchmark::State &state, bool roofline, const ListedProblem &lp) {
+    const Fixture &f = fixture(lp);
+    BlasWorkspace ws(lp.problem);
+    std::vector<float> y(f.data.x.size());
+    if (roofline) {
+        for (auto _ : state) openblas_roofline(Gemms::layer, f.data, ws);
+    } else {
+        openblas_unfused(f.data, ws, y.data());
+        if (!output_is_correct(state, f, y, "openblas_unfused")) return;
+        for (auto _ : state) openblas_unfused(f.data, ws, y.data());
+    }
+    set_counters(state, work("self_attention", lp.problem));
+}
+
+void openblas_stage(benchmark::State &state, Gemms gemms, const std::string &name, const ListedProblem &lp) {
+    const Fixture &f = fixture(lp);
+    BlasWorkspace ws(lp.problem);
+    for (auto _ : state) openblas_roofline(gemms, f.data, ws);
+    set_counters(state, work(name, lp.problem));
+}
+
+benchmark::internal::Benchmark *configure(benchmark::internal::Benchmark *b) {
+    return b->Unit(benchmark::kMillisecond);  // the report reads real_time (wall clock)
+}
+
+void register_all() {
+    const char *stage_names[] = {"qkv_projection", "attention_scores", "masked_softmax", "weighted_sum",
+                                 "output_layernorm"};
+    const std::pair<const char *, Gemms> stage_peers[] = {{"qkv_projection", Gemms::qkv_projection},
+                                                          {"attention_scores", Gemms::attention_scores},
+                                                          {"weighted_sum", Gemms::weighted_sum},
+                                                          {"output_layernorm", Gemms::output_projection}};
+    for (const ListedProblem &lp : testing::problem_list()) {
+        const std::string problem = lp.problem.name();
+        for (const VariantInfo &v : variants()) {
+            configure(benchmark::RegisterBenchmark(("self_attention/" + v.name + "/" + problem).c_str(), fused_layer,
+                                                   v, lp));
+        }
+        configure(benchmark::RegisterBenchmark(("self_attention/openblas_roofline/" + problem).c_str(),
+                                               openblas_layer, true, lp));
+        configure(benchmark::RegisterBenchmark(("self_attention/openblas_unfused/" + problem).c_str(),
+                                               openblas_layer, false, lp));
+        if (lp.problem.s_q > kLongestStageSeq) continue;
+        for (const char *name : stage_names) {
+            for (const VariantInfo &v : variants()) {
+                configure(benchmark::RegisterBenchmark((std::string(name) + "/" + v.name + "/" + problem).c_str(),
+                                                       stage, std::string(name), v, lp));
+            }
+        }
+        for (const auto &[name, gemms] : stage_peers) {
+            configure(benchmark::RegisterBenchmark((std::string(name) + "/openblas_roofline/" + problem).c_str(),
+                                                   openblas_stage, gemms, std::string(name), lp));
+        }
+    }
+}
+
+std::string cpu_model() {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    for (std::string line; std::getline(cpuinfo, line);) {
+        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+    }
+    return "unknown";
+}
+
+void write_problems_json(const std::string &path) {
+    std::ofstream out(path);
+    out << "[\n";
+    const auto &list = testing::problem_list();
+    for (std::size_t i = 0; i < list.size(); ++i) {
+        const Problem &p = list[i].problem;
+        const LayerData data(p);
+        out << "  {\"name\": \"" << p.name() << "\", \"model\": \"" << list[i].model << "\", \"batch\": " << p.batch
+            << ", \"s_q\": " << p.s_q << ", \"s_k\": " << p.s_k << ", \"hidden\": " << p.hidden
+            << ", \"heads\": " << p.heads << ", \"causal\": " << (p.causal ? "true" : "false")
+            << ", \"reference_checked\": " << (list[i].reference_checked ? "true" : "false") << ", \"lengths\": [";
+        for (int64_t b = 0; b < p.batch; ++b) {
+            int64_t real = p.s_k;
+            if (!data.mask.empty()) {
+                real = 0;
+                for (int64_t j = 0; j < p.s_k; ++j) real += data.mask[std::size_t(b * p.s_k + j)];
+            }
+            out << (b ? ", " : "") << real;
+        }
+        out << "]}" << (i + 1 < list.size() ? "," : "") << "\n";
+    }
+    out << "]\n";
+}
+
+}  // namespace
+}  // namespace attn::bench
+
+int main(int argc, char **argv) {
+    const char *flag = "--problems_json=";
+    for (int i = 1; i < argc; ++i) {
+        if (std::strncmp(argv[i], flag, std::strlen(flag)) == 0) {
+            attn::bench::write_problems_json(argv[i] + std::strlen(flag));
+            return 0;
+        }
+    }
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+    benchmark::AddCustomContext("cpu_model", attn::bench::cpu_model());
+    benchmark::AddCustomContext("halide", "21.0.0");
+    benchmark::AddCustomContext("openblas", openblas_get_config());
+    benchmark::AddCustomContext("selected_variant", attn::select_variant().name);
+    static attn::bench::PeakMemory peak_memory;
+    benchmark::RegisterMemoryManager(&peak_memory);
+    attn::bench::register_all();
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}

@@ -1,0 +1,70 @@
+#include "peak_memory.h"
+
+#include <HalideRuntime.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+namespace {
+
+std::atomic<int64_t> live_bytes{0}, peak_bytes{0}, allocations{0};
+int64_t bytes_at_start = 0;
+
+// Each block carries its size in a header as wide as the alignment Halide wants.
+constexpr std::size_t kHeader = 128;
+
+void *counted_alloc(std::size_t size) {
+    void *block = std::aligned_alloc(kHeader, (size + 2 * kHeader - 1) / kHeader * kHeader);
+    if (!block) return nullptr;
+    *static_cast<std::size_t *>(block) = size;
+    const int64_t now = live_bytes += int64_t(size);
+    int64_t peak = peak_bytes.load();
+    while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
+    }
+    ++allocations;
+    return static_cast<char *>(block) + kHeader;
+}
+
+void counted_free(void *p) {
+    if (!p) return;
+    void *block = static_cast<char *>(p) - kHeader;
+    live_bytes -= int64_t(*static_cast<std::size_t *>(block));
+    std::free(block);
+}
+
+extern "C" void *halide_counted_malloc(void *, size_t size) { return counted_alloc(size); }
+extern "C" void halide_counted_free(void *, void *p) { counted_free(p); }
+
+}  // namespace
+
+void *operator new(std::size_t size) {
+    if (void *p = counted_alloc(size)) return p;
+    throw std::bad_alloc();
+}
+void *operator new[](std::size_t size) { return operator new(size); }
+void operator delete(void *p) noexcept { counted_free(p); }
+void operator delete[](void *p) noexcept { counted_free(p); }
+void operator delete(void *p, std::size_t) noexcept { counted_free(p); }
+void operator delete[](void *p, std::size_t) noexcept { counted_free(p); }
+
+namespace attn::bench {
+
+PeakMemory::PeakMemory() {
+    halide_set_custom_malloc(halide_counted_malloc);
+    halide_set_custom_free(halide_counted_free);
+}
+
+void PeakMemory::Start() {
+    bytes_at_start = live_bytes.load();
+    peak_bytes = bytes_at_start;
+    allocations = 0;
+}
+
+void PeakMemory::Stop(Result &result) {
+    // Peak above what was live at Start: what one iteration needs beyond its inputs.
+    result.num_allocs = allocations.load();
+    result.max_bytes_used = peak_bytes.load() - bytes_at_start;
+}
+
+}  // namespace attn::bench

@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""The out-of-process peers of the comparison: PyTorch (CPU eager projections +
+scaled_dot_product_attention + LayerNorm) and ONNX Runtime (its fused contrib
+Attention operator + output projection + LayerNorm), on the problem list that
+attn_bench exports (--problems_json), with the same sequence lengths.
+
+Writes Google Benchmark JSON: benchmarks named self_attention/<peer>/<problem>, one
+entry per repetition and a median aggregate, times in ms, a GFLOP/s counter from
+the same FLOP count as attn_bench. Each peer's output is first checked against a
+NumPy float64 implementation of the layer (problems with reference_checked only);
+a peer that disagrees is reported as an error, not timed.
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+
+import numpy as np
+
+
+def layer_flops(p):
+    b, sq, sk, h = p["batch"], p["s_q"], p["s_k"], p["hidden"]
+    return 2 * b * (sq + 2 * sk) * h * h + 2 * 2 * b * sq * sk * h + 2 * b * sq * h * h
+
+
+def make_inputs(p, seed=1234):
+    rng = np.random.default_rng(seed)
+    h = p["hidden"]
+    w = 1.0 / np.sqrt(h)
+    f32 = np.float32
+    data = {
+        "x": rng.uniform(-1, 1, (p["batch"], p["s_q"], h)).astype(f32),
+        "gamma": rng.uniform(0.9, 1.1, h).astype(f32),
+    }
+    for name in ("w_q", "w_k", "w_v", "w_o"):
+        data[name] = rng.uniform(-w, w, (h, h)).astype(f32)
+    for name in ("b_q", "b_k", "b_v", "b_o", "beta"):
+        data[name] = rng.uniform(-0.1, 0.1, h).astype(f32)
+    mask = np.zeros((p["batch"], p["s_k"]), dtype=bool)
+    for b, real in enumerate(p["lengths"]):
+        mask[b, :real] = True
+    data["mask"] = mask
+    return data
+
+
+def keep_matrix(p, mask):
+    """[B, 1, S_q, S_k] bool: key padding and (bottom-right aligned) causal masks."""
+    keep = mask[:, None, None, :].repeat(p["s_q"], axis=2)
+    if p["causal"]:
+        i = np.arange(p["s_q"])[:, None]
+        j = np.arange(p["s_k"])[None, :]
+        keep = keep & ~(j > i + (p["s_k"] - p["s_q"]))[None, None]
+    return keep
+
+
+def numpy_layer(p, d, eps=1e-12):
+    """The layer in float64 from DESIGN.md's formulas: the peers' correctness check."""
+    x = d["x"].astype(np.float64)
+    bsz, sq, hid = x.shape
+    heads = p["heads"]
+    hd = hid // heads
+
+    def lin(t, w, b):
+        return t @ d[w].astype(np.float64).T + d[b].astype(np.float64)
+
+    def split(t):
+        return t.reshape(bsz, -1, heads, hd).transpose(0, 2, 1, 3)
+
+    q, k, v = split(lin(x, "w_q", "b_q")), split(lin(x, "w_k", "b_k")), split(lin(x, "w_v", "b_v"))
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd)
+    keep = keep_matrix(p, d["mask"])
+    scores = np.where(keep, scores, -np.inf)
+    row_max = np.max(scores, axis=-1, keepdims=True)
+    e = np.where(keep, np.exp(scores - np.where(np.isfinite(row_max), row_max, 0)), 0.0)
+    s = e.sum(-1, keepdims=True)
+    probs = np.where(s > 0, e / np.where(s > 0, s, 1), 0.0)
+    ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(bsz, sq, hid)
+    dense = x + lin(ctx, "w_o", "b_o")
+    mean = dense.mean(-1, keepdims=True)
+    var = ((dense - mean) ** 2).mean(-1, keepdims=True)
+    return d["gamma"] * (dense - mean) / np.sqrt(var + eps) + d["beta"]
+
+
+class PyTorchPeer:
+    name = "pytorch"
+
+    def __init__(self, threads):
+        import torch
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.version = torch.__version__
+
+    def prepare(self, p, d):
+        torch, F = self.torch, self.torch.nn.functional
+        t = {k: torch.from_numpy(v) for k, v in d.items()}
+        bsz, sq, hid = d["x"].shape
+        heads, hd = p["heads"], hid // p["heads"]
+        padded = not d["mask"].all()
+        attn_mask = None
+        is_causal = False
+        if padded:
+            attn_mask = torch.from_numpy(keep_matrix(p, d["mask"]))
+        elif p["causal"]:
+            is_causal = True
+
+        def run():
+            with torch.inference_mode():
+                x = t["x"]
+
+                def heads_of(w, b):
+                    return F.linear(x, t[w], t[b]).view(bsz, -1, heads, hd).transpose(1, 2)
+
+                q, k, v = heads_of("w_q", "b_q"), heads_of("w_k", "b_k"), heads_of("w_v", "b_v")
+                ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+                ctx = ctx.transpose(1, 2).reshape(bsz, sq, hid)
+                y = F.layer_norm(x + F.linear(ctx, t["w_o"], t["b_o"]), (hid,), t["gamma"], t["beta"], 1e-12)
+                return y.numpy()
+
+        return run
+
+
+class OnnxRuntimePeer:
+    name = "onnxruntime"
+
+    def __init__(self, threads):
+        import onnxruntime as ort
+
+        self.ort = ort
+        self.threads = threads
+        self.version = ort.__version__
+
+    def prepare(self, p, d):
+        import onnx
+        from onnx import TensorProto, helper, numpy_helper
+
+        hid = p["hidden"]
+        w_qkv = np.concatenate([d["w_q"].T, d["w_k"].T, d["w_v"].T], axis=1)  # [H, 3H]
+        b_qkv = np.concatenate([d["b_q"], d["b_k"], d["b_v"]])
+        inits = [
+            numpy_helper.from_array(np.ascontiguousarray(w_qkv), "w_qkv"),
+            numpy_helper.from_array(b_qkv, "b_qkv"),
+            numpy_helper.from_array(np.ascontiguousarray(d["w_o"].T), "w_o_t"),
+            numpy_helper.from_array(d["b_o"], "b_o"),
+            numpy_helper.from_array(d["gamma"], "gamma"),
+            numpy_helper.from_array(d["beta"], "beta"),
+        ]
+        nodes = [
+            helper.make_node("Attention", ["x", "w_qkv", "b_qkv", "mask"], ["ctx"], domain="com.microsoft",
+                             num_heads=p["heads"], unidirectional=1 if p["causal"] else 0),
+            helper.make_node("MatMul", ["ctx", "w_o_t"], ["proj"]),
+            helper.make_node("Add", ["proj", "b_o"], ["proj_b"]),
+            helper.make_node("Add", ["proj_b", "x"], ["dense"]),
+            helper.make_node("LayerNormalization", ["dense", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-12),
+        ]
+        shape = [p["batch"], p["s_q"], hid]
+        graph = helper.make_graph(
+            nodes, "bert_self_attention",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
+             helper.make_tensor_value_info("mask", TensorProto.INT32, [p["batch"], p["s_k"]])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        model.ir_version = 10  # onnx writes a newer IR than this onnxruntime reads
+        options = self.ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = self.ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session = self.ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        feeds = {"x": d["x"], "mask": d["mask"].astype(np.int32)}
+        return lambda: session.run(["y"], feeds)[0]
+
+
+def time_it(run, repetitions, min_time):
+    """Per-iteration wall times (s) of `repetitions` runs of at least min_time each."""
+    run()  # warm-up
+    samples = []
+    for _ in range(repetitions):
+        iterations, start = 0, time.perf_counter()
+        while True:
+            run()
+            iterations += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_time:
+                break
+        samples.append((elapsed / iterations, iterations))
+    return samples
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--problems", required=True, help="problem list from attn_bench --problems_json")
+    parser.add_argument("--out", required=True, help="Google Benchmark JSON to write")
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--min-time", type=float, default=0.5, help="seconds per repetition")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--filter", default=".", help="regex on benchmark names")
+    args = parser.parse_args()
+
+    problems = json.load(open(args.problems))
+    peers = []
+    for cls in (PyTorchPeer, OnnxRuntimePeer):
+        try:
+            peers.append(cls(args.threads))
+        except ImportError as e:
+            print(f"peers: {cls.name} not available ({e}); skipped", file=sys.stderr)
+    runs = []
+    for p in problems:
+        data = make_inputs(p)
+        expected = numpy_layer(p, data) if p["reference_checked"] else None
+        for peer in peers:
+            name = f"self_attention/{peer.name}/{p['name']}"
+            if not re.search(args.filter, name):
+                continue
+            run = peer.prepare(p, data)
+            entry = {"name": name, "run_name": name, "run_type": "iteration", "repetitions": args.repetitions,
+                     "threads": 1, "time_unit": "ms", "family_index": 0, "per_family_instance_index": 0}
+            if expected is not None:
+                error = float(np.max(np.abs(run().astype(np.float64) - expected)))
+                entry["max_error"] = error
+                if not error < 1e-4:
+                    runs.append({**entry, "error_occurred": True,
+                                 "error_message": f"{peer.name}: max error {error:.3g} against the float64 layer"})
+                    print(f"{name}: WRONG (max error {error:.3g})", file=sys.stderr)
+                    continue
+            samples = time_it(run, args.repetitions, args.min_time)
+            gflop = layer_flops(p) * 1e-9
+            for index, (seconds, iterations) in enumerate(samples):
+                runs.append({**entry, "repetition_index": index, "iterations": iterations,
+                             "real_time": seconds * 1e3, "cpu_time": seconds * 1e3, "GFLOP/s": gflop / seconds})
+            median = float(np.median([s for s, _ in samples]))
+            runs.append({**entry, "name": name + "_median", "run_type": "aggregate", "aggregate_name": "median",
+                         "iterations": args.repetitions, "real_time": median * 1e3, "cpu_time": median * 1e3,
+                         "GFLOP/s": gflop / median})
+            print(f"{name}: median {median * 1e3:.3f} ms over {args.repetitions} repetitions", file=sys.stderr)
+    context = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host_name": platform.node(),
+               "executable": "bench/peers.py", "num_cpus": os.cpu_count(), "threads": args.threads,
+               "peers": {peer.name: peer.version for peer in peers}, "python": platform.python_version()}
+    with open(args.out, "w") as f:
+        json.dump({"context": context, "benchmarks": runs}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
