@@ -15,6 +15,12 @@ set(ATTN_STAGES
     "cross_attention|attention_layer|cross_attention=true,output_probs=false"
     "cross_attention_probs|attention_layer|cross_attention=true,output_probs=true")
 
+# Schedule sources run at build time rather than frozen: Halide 21's Li2018 emits a
+# .schedule.h that does not compile (see tools/freeze_schedules.py), so the
+# generator runs it in process (schedules/schedule_source.cpp) with this plugin
+# loaded. Everything else is hand-written (manual) or frozen under schedules/frozen/.
+set(ATTN_PLUGIN_li2018 Halide::Li2018)
+
 set(ATTN_VARIANT_LINES "")
 set(ATTN_VARIANT_HEADERS "")
 set(ATTN_KERNEL_LIBRARIES "")
@@ -24,6 +30,10 @@ function(attn_variant schedule isa)
         message(FATAL_ERROR "attn_variant(${schedule} ${isa}): unknown ISA '${isa}' (see cmake/AttnTargets.cmake)")
     endif ()
     set(target "${ATTN_TARGET_${isa}}")
+    set(plugin_args "")
+    if (DEFINED ATTN_PLUGIN_${schedule})
+        set(plugin_args PLUGINS ${ATTN_PLUGIN_${schedule}})
+    endif ()
     foreach (stage_spec IN LISTS ATTN_STAGES)
         string(REPLACE "|" ";" parts "${stage_spec}")
         list(GET parts 0 stage)
@@ -36,6 +46,7 @@ function(attn_variant schedule isa)
                            FUNCTION_NAME ${function_name}
                            TARGETS ${target}
                            USE_RUNTIME attn_halide_runtime
+                           ${plugin_args}
                            PARAMS schedule=${schedule} ${params})
         list(APPEND ATTN_VARIANT_HEADERS "#include \"${function_name}.h\"")
         list(APPEND ATTN_KERNEL_LIBRARIES ${function_name})
@@ -44,6 +55,32 @@ function(attn_variant schedule isa)
     set(ATTN_VARIANT_LINES "${ATTN_VARIANT_LINES}" PARENT_SCOPE)
     set(ATTN_VARIANT_HEADERS "${ATTN_VARIANT_HEADERS}" PARENT_SCOPE)
     set(ATTN_KERNEL_LIBRARIES "${ATTN_KERNEL_LIBRARIES}" PARENT_SCOPE)
+endfunction()
+
+# A cross-compiled variant: the same generators for another CPU (e.g. arm64), built as
+# static libraries with their own runtime under the target attn_cross_<schedule>_<isa>,
+# but not linked into this build's runtime (this machine cannot run them).
+function(attn_cross_variant schedule isa)
+    set(target "${ATTN_TARGET_${isa}}")
+    if (NOT TARGET attn_halide_runtime_${isa})
+        add_halide_runtime(attn_halide_runtime_${isa} TARGETS ${target})
+    endif ()
+    add_custom_target(attn_cross_${schedule}_${isa} ALL)
+    foreach (stage_spec IN LISTS ATTN_STAGES)
+        string(REPLACE "|" ";" parts "${stage_spec}")
+        list(GET parts 0 stage)
+        list(GET parts 1 generator)
+        list(GET parts 2 params)
+        string(REPLACE "," ";" params "${params}")
+        set(function_name "attn_${stage}_${schedule}_${isa}")
+        add_halide_library(${function_name} FROM attn_generators
+                           GENERATOR ${generator}
+                           FUNCTION_NAME ${function_name}
+                           TARGETS ${target}
+                           USE_RUNTIME attn_halide_runtime_${isa}
+                           PARAMS schedule=${schedule} ${params})
+        add_dependencies(attn_cross_${schedule}_${isa} ${function_name})
+    endforeach ()
 endfunction()
 
 # One Halide runtime shared by all variants, built for the baseline so it runs on any x86-64.

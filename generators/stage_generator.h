@@ -36,6 +36,9 @@ public:
             attn_sched::apply_frozen_schedule(name, schedule_source, this->get_pipeline(),
                                               this->get_target());
             break;
+        case attn_sched::ScheduleKind::autoscheduled:
+            attn_sched::apply_autoscheduler(schedule_source, this->get_pipeline(), this->get_target());
+            break;
         }
     }
 };

@@ -10,7 +10,12 @@
 
 namespace attn_sched {
 
-enum class ScheduleKind { manual_cpu, manual_gpu, frozen };
+enum class ScheduleKind {
+    manual_cpu,
+    manual_gpu,
+    frozen,          // checked-in autoscheduler output (schedules/frozen/)
+    autoscheduled,   // an autoscheduler run now, in process (li2018: its emitted schedules do not compile)
+};
 
 // Throws (as a Halide user error) for a source with no schedule for this target.
 ScheduleKind schedule_kind(const std::string &generator, const std::string &source,
@@ -19,5 +24,8 @@ ScheduleKind schedule_kind(const std::string &generator, const std::string &sour
 // Applies the frozen schedule `source` for `generator` on `target`.
 void apply_frozen_schedule(const std::string &generator, const std::string &source,
                            Halide::Pipeline pipeline, const Halide::Target &target);
+
+// Runs the autoscheduler `source` (its plugin loaded by the build) on the pipeline.
+void apply_autoscheduler(const std::string &source, Halide::Pipeline pipeline, const Halide::Target &target);
 
 }  // namespace attn_sched

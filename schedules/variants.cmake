@@ -3,6 +3,26 @@
 # instruction set (ISAs are defined in cmake/AttnTargets.cmake). The runtime's
 # dispatch, the tests and the benchmarks all iterate the header generated from
 # this list, so a new line is dispatched, tested and benchmarked with no other change.
+
+# Hand-written expert schedules (schedules/cpu_manual.cpp).
 attn_variant(manual sse41)
 attn_variant(manual avx2)
+attn_variant(manual avx512_skylake)  # Intel Skylake-SP to Sapphire Rapids: no zen4 extras needed
 attn_variant(manual avx512_zen4)
+
+# Autoscheduled: Mullapudi2016 and Adams2019 frozen per target under
+# schedules/frozen/<source>/<isa>/
+# (regenerate with tools/freeze_schedules.sh; never edited by hand); Li2018 run at
+# build time, since its emitted schedules do not compile (cmake/AttnVariants.cmake).
+attn_variant(mullapudi2016 sse41)
+attn_variant(mullapudi2016 avx2)
+attn_variant(mullapudi2016 avx512_zen4)
+attn_variant(adams2019 sse41)
+attn_variant(adams2019 avx2)
+attn_variant(adams2019 avx512_zen4)
+attn_variant(li2018 sse41)
+attn_variant(li2018 avx2)
+attn_variant(li2018 avx512_zen4)
+
+# Cross-compiled to show the generators target other CPUs: built, not run here.
+attn_cross_variant(manual arm64)

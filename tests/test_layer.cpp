@@ -2,6 +2,9 @@
 // every variant against the double-precision reference.
 #include "support/variant_param.h"
 
+#include <algorithm>
+#include <set>
+
 namespace attn::testing {
 namespace {
 
@@ -27,12 +30,6 @@ std::vector<Problem> layer_problems() {
         add(false, Mask::one_real, false);
         add(false, Mask::empty_batch, false);
     }
-    // BERT-base: H = 768, 12 heads, S = 128 (B = 3) and S = 384, padded.
-    Problem bert;
-    bert.batch = 3, bert.s_q = bert.s_k = 128, bert.mask = Mask::padding;
-    problems.push_back(bert);
-    bert.batch = 1, bert.s_q = bert.s_k = 384;
-    problems.push_back(bert);
     // Cross-attention, S_q != S_k both ways; causal with S_q > S_k leaves fully masked rows.
     auto cross = [&](int64_t s_q, int64_t s_k, bool causal, Mask mask, bool bias) {
         Problem p;
@@ -48,6 +45,24 @@ std::vector<Problem> layer_problems() {
     return problems;
 }
 
+// The benchmarks' problem list (tests/support/problem.cpp), so every problem the
+// comparison times is checked too. Long contexts are checked at hidden 64 with 2
+// heads and S capped at 2048: the same blocks, masks and streaming over keys, at a
+// cost the double reference can afford in every test run.
+std::vector<Problem> listed_problems() {
+    std::vector<Problem> problems;
+    std::set<std::string> seen;
+    for (const ListedProblem &listed : problem_list()) {
+        Problem p = listed.problem;
+        if (!listed.reference_checked) {
+            p.hidden = 64, p.heads = 2;
+            p.s_q = p.s_k = std::min<int64_t>(p.s_q, 2048);
+        }
+        if (seen.insert(p.name()).second) problems.push_back(p);
+    }
+    return problems;
+}
+
 class LayerTest : public ::testing::TestWithParam<VariantProblem> {
 protected:
     void run_and_check(bool with_probs) {
@@ -57,7 +72,11 @@ protected:
         Attention layer(problem.config(), data.weights(), variant.name);
         GuardedOutput y({problem.batch, problem.s_q, problem.hidden});
         GuardedOutput probs({problem.batch, problem.heads, problem.s_q, problem.s_k});
-        layer.forward(data.inputs(), y.view(), with_probs ? probs.view() : MutableTensor{});
+        auto run = [&] { layer.forward(data.inputs(), y.view(), with_probs ? probs.view() : MutableTensor{}); };
+        if (!ran_or_refused(variant, run)) {
+            EXPECT_TRUE(y.guards_intact() && probs.guards_intact()) << "a refused call wrote outside its outputs";
+            return;
+        }
         expect_matches_reference("y", y, ref.exact.y, ref.float32.y);
         if (with_probs) expect_matches_reference("probs", probs, ref.exact.probs, ref.float32.probs);
     }
@@ -75,6 +94,17 @@ TEST_P(LayerTest, WithProbabilitiesMatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, LayerTest,
                          ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(layer_problems())),
+                         variant_problem_name);
+
+using ListedProblemTest = LayerTest;
+
+TEST_P(ListedProblemTest, MatchesReference) {
+    ATTN_SKIP_IF_NOT_RUNNABLE(std::get<0>(GetParam()));
+    run_and_check(false);
+}
+
+INSTANTIATE_TEST_SUITE_P(BenchmarkProblems, ListedProblemTest,
+                         ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(listed_problems())),
                          variant_problem_name);
 
 }  // namespace

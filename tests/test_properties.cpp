@@ -3,13 +3,17 @@
 #include "support/variant_param.h"
 
 #include <cmath>
+#include <optional>
 
 namespace attn::testing {
 namespace {
 
 class PropertyTest : public ::testing::TestWithParam<VariantInfo> {};
 
-std::vector<float> run_layer(const VariantInfo &variant, const LayerData &data, std::vector<float> *probs = nullptr) {
+// The layer's output, or nothing when an autoscheduled variant refuses the shape
+// (see ran_or_refused in support/variant_param.h).
+std::optional<std::vector<float>> run_layer(const VariantInfo &variant, const LayerData &data,
+                                            std::vector<float> *probs = nullptr) {
     const Problem &p = data.problem;
     std::vector<float> y(std::size_t(p.batch * p.s_q * p.hidden));
     Attention layer(p.config(), data.weights(), variant.name);
@@ -18,7 +22,9 @@ std::vector<float> run_layer(const VariantInfo &variant, const LayerData &data, 
         probs->assign(std::size_t(p.batch * p.heads * p.s_q * p.s_k), 0.0f);
         probs_view = view(*probs, {p.batch, p.heads, p.s_q, p.s_k});
     }
-    layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden}), probs_view);
+    if (!ran_or_refused(variant, [&] { layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden}), probs_view); })) {
+        return std::nullopt;
+    }
     return y;
 }
 
@@ -28,7 +34,7 @@ TEST_P(PropertyTest, ProbabilityRowsSumToOneOrZeroWhenFullyMasked) {
     p.batch = 3, p.s_q = p.s_k = 113, p.hidden = 160, p.heads = 2, p.causal = true, p.mask = Mask::empty_batch;
     const LayerData data(p);
     std::vector<float> probs;
-    run_layer(GetParam(), data, &probs);
+    if (!run_layer(GetParam(), data, &probs)) return;
     for (int64_t b = 0; b < p.batch; ++b)
         for (int64_t h = 0; h < p.heads; ++h)
             for (int64_t i = 0; i < p.s_q; ++i) {
@@ -44,17 +50,19 @@ TEST_P(PropertyTest, CausalOutputIgnoresFutureTokens) {
     Problem p;
     p.batch = 2, p.s_q = p.s_k = 97, p.hidden = 80, p.heads = 2, p.causal = true;
     LayerData data(p);
-    const std::vector<float> before = run_layer(GetParam(), data);
+    const auto before = run_layer(GetParam(), data);
+    if (!before) return;
     const int64_t last_kept = 40;
     for (int64_t b = 0; b < p.batch; ++b)
         for (int64_t s = last_kept + 1; s < p.s_q; ++s)
             for (int64_t h = 0; h < p.hidden; ++h) data.x[std::size_t((b * p.s_q + s) * p.hidden + h)] *= -3.0f;
-    const std::vector<float> after = run_layer(GetParam(), data);
+    const auto after = run_layer(GetParam(), data);
+    ASSERT_TRUE(after) << "refused a shape it ran before";
     for (int64_t b = 0; b < p.batch; ++b)
         for (int64_t s = 0; s <= last_kept; ++s)
             for (int64_t h = 0; h < p.hidden; ++h) {
                 const std::size_t i = std::size_t((b * p.s_q + s) * p.hidden + h);
-                ASSERT_EQ(before[i], after[i]) << "token " << s << " of batch " << b << " saw a future token";
+                ASSERT_EQ((*before)[i], (*after)[i]) << "token " << s << " of batch " << b << " saw a future token";
             }
 }
 
@@ -63,16 +71,18 @@ TEST_P(PropertyTest, RealTokensIgnorePaddedContent) {
     Problem p;
     p.batch = 3, p.s_q = p.s_k = 97, p.hidden = 80, p.heads = 2, p.mask = Mask::padding;
     LayerData data(p);
-    const std::vector<float> before = run_layer(GetParam(), data);
+    const auto before = run_layer(GetParam(), data);
+    if (!before) return;
     for (std::size_t t = 0; t < data.mask.size(); ++t)
         if (!data.mask[t])
             for (int64_t h = 0; h < p.hidden; ++h) data.x[t * std::size_t(p.hidden) + std::size_t(h)] = 100.0f;
-    const std::vector<float> after = run_layer(GetParam(), data);
+    const auto after = run_layer(GetParam(), data);
+    ASSERT_TRUE(after) << "refused a shape it ran before";
     for (std::size_t t = 0; t < data.mask.size(); ++t)
         if (data.mask[t])
             for (int64_t h = 0; h < p.hidden; ++h) {
                 const std::size_t i = t * std::size_t(p.hidden) + std::size_t(h);
-                ASSERT_EQ(before[i], after[i]) << "real token " << t << " saw padded content";
+                ASSERT_EQ((*before)[i], (*after)[i]) << "real token " << t << " saw padded content";
             }
 }
 
@@ -82,8 +92,9 @@ TEST_P(PropertyTest, NaNInInputPropagatesWithoutCrashing) {
     p.batch = 1, p.s_q = p.s_k = 9, p.hidden = 64, p.heads = 2;
     LayerData data(p);
     data.x[3 * 64 + 5] = NAN;  // token 3: its own row and, through K and V, every row
-    const std::vector<float> y = run_layer(GetParam(), data);
-    EXPECT_TRUE(std::isnan(y[3 * 64])) << "the row holding the NaN must be NaN";
+    const auto y = run_layer(GetParam(), data);
+    if (!y) return;
+    EXPECT_TRUE(std::isnan((*y)[3 * 64])) << "the row holding the NaN must be NaN";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, PropertyTest, ::testing::ValuesIn(variants()),

@@ -61,7 +61,7 @@ TEST_P(StageTest, QkvProjection) {
     const ConstTensor x_kv = problem().cross ? in.kv : in.x;
     const LayerWeights w = data_->weights();
     GuardedOutput q(q_shape()), k(kv_shape()), v(kv_shape());
-    stages::qkv_projection(variant(), config(), in.x, x_kv, w, q.view(), k.view(), v.view());
+    ATTN_RUN_OR_REFUSE(variant(), stages::qkv_projection(variant(), config(), in.x, x_kv, w, q.view(), k.view(), v.view()));
     const int64_t rows_q = sizes_.batch * sizes_.s_q, rows_k = sizes_.batch * sizes_.s_k;
     const std::vector<double> x = reference::widen<double>(in.x), kv = reference::widen<double>(x_kv);
     const std::vector<float> xf = reference::widen<float>(in.x), kvf = reference::widen<float>(x_kv);
@@ -74,7 +74,7 @@ TEST_P(StageTest, AttentionScores) {
     const std::vector<float> &q = ref_->float32.q, &k = ref_->float32.k;
     const ConstTensor bias = data_->inputs().bias;
     GuardedOutput scores(score_shape());
-    stages::attention_scores(variant(), config(), view_of(q, q_shape()), view_of(k, kv_shape()), bias, scores.view());
+    ATTN_RUN_OR_REFUSE(variant(), stages::attention_scores(variant(), config(), view_of(q, q_shape()), view_of(k, kv_shape()), bias, scores.view()));
     const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end());
     expect_matches_reference("scores", scores, reference::attention_scores(config(), sizes_, qd, kd, bias),
           reference::attention_scores(config(), sizes_, q, k, bias));
@@ -84,7 +84,7 @@ TEST_P(StageTest, MaskedSoftmax) {
     const std::vector<float> &scores = ref_->float32.scores;
     const MaskTensor mask = data_->inputs().key_padding_mask;
     GuardedOutput probs(score_shape());
-    stages::masked_softmax(variant(), config(), view_of(scores, score_shape()), mask, probs.view());
+    ATTN_RUN_OR_REFUSE(variant(), stages::masked_softmax(variant(), config(), view_of(scores, score_shape()), mask, probs.view()));
     const std::vector<double> sd(scores.begin(), scores.end());
     expect_matches_reference("probs", probs, reference::masked_softmax(config(), sizes_, sd, mask),
           reference::masked_softmax(config(), sizes_, scores, mask));
@@ -93,7 +93,7 @@ TEST_P(StageTest, MaskedSoftmax) {
 TEST_P(StageTest, WeightedSum) {
     const std::vector<float> &probs = ref_->float32.probs, &v = ref_->float32.v;
     GuardedOutput ctx(q_shape());
-    stages::weighted_sum(variant(), config(), view_of(probs, score_shape()), view_of(v, kv_shape()), ctx.view());
+    ATTN_RUN_OR_REFUSE(variant(), stages::weighted_sum(variant(), config(), view_of(probs, score_shape()), view_of(v, kv_shape()), ctx.view()));
     const std::vector<double> pd(probs.begin(), probs.end()), vd(v.begin(), v.end());
     expect_matches_reference("ctx", ctx, reference::weighted_sum(config(), sizes_, pd, vd), reference::weighted_sum(config(), sizes_, probs, v));
 }
@@ -102,7 +102,7 @@ TEST_P(StageTest, OutputLayerNorm) {
     const std::vector<float> &ctx = ref_->float32.ctx;
     const AttentionInputs in = data_->inputs();
     GuardedOutput y(q_shape());
-    stages::output_layernorm(variant(), config(), view_of(ctx, q_shape()), in.x, data_->weights(), y.view());
+    ATTN_RUN_OR_REFUSE(variant(), stages::output_layernorm(variant(), config(), view_of(ctx, q_shape()), in.x, data_->weights(), y.view()));
     const std::vector<double> cd(ctx.begin(), ctx.end());
     expect_matches_reference("y", y, reference::output_layernorm(config(), sizes_, cd, reference::widen<double>(in.x), data_->weights()),
           reference::output_layernorm(config(), sizes_, ctx, reference::widen<float>(in.x), data_->weights()));
@@ -137,7 +137,7 @@ TEST_P(SoftmaxFillTest, MatchesReference) {
     const Shape shape{p.batch, p.heads, p.s_q, p.s_k};
     GuardedOutput probs(shape);
     const MaskTensor mask = data.inputs().key_padding_mask;
-    stages::masked_softmax(variant, p.config(), {scores.data(), scores.size(), shape}, mask, probs.view());
+    ATTN_RUN_OR_REFUSE(variant, stages::masked_softmax(variant, p.config(), {scores.data(), scores.size(), shape}, mask, probs.view()));
     const std::vector<double> sd(scores.begin(), scores.end());
     const reference::Sizes sizes{p.batch, p.s_q, p.s_k};
     expect_matches_reference("probs", probs, reference::masked_softmax(p.config(), sizes, sd, mask),

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The schedule comparison, in one command: builds attn_bench, runs every variant of
+# the variant list by stage and for the fused layer on the shared problem list,
+# beside the OpenBLAS peers (Google Benchmark JSON), then the PyTorch and ONNX
+# Runtime peers (bench/peers.py, in .venv-peers from tools/peer-requirements.txt),
+# and renders the Markdown table and PNG chart. Results go to bench/results/:
+#   attn_bench.json, peers.json   Google Benchmark JSON (medians and every repetition)
+#   comparison.md, comparison.png the table of ratios and the chart
+# Usage: tools/bench.sh [--repetitions N] [--min-time SECONDS] [--filter REGEX]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repetitions=5 min_time=0.3 filter="."
+while (($#)); do
+  case "$1" in
+    --repetitions) repetitions="$2"; shift 2 ;;
+    --min-time) min_time="$2"; shift 2 ;;
+    --filter) filter="$2"; shift 2 ;;
+    *) echo "usage: tools/bench.sh [--repetitions N] [--min-time SECONDS] [--filter REGEX]" >&2; exit 2 ;;
+  esac
+done
+source tools/setup.sh
+
+peers_venv=.venv-peers
+wanted="$(sha256sum tools/peer-requirements.txt | cut -d' ' -f1)"
+if [[ ! -f "$peers_venv/.requirements.sha256" || "$(cat "$peers_venv/.requirements.sha256")" != "$wanted" ]]; then
+  echo "bench: creating $peers_venv with the peers (PyTorch, ONNX Runtime) and matplotlib"
+  python3 -m venv "$peers_venv"
+  "$peers_venv/bin/python" -m pip install -q -r tools/peer-requirements.txt
+  echo "$wanted" > "$peers_venv/.requirements.sha256"
+fi
+
+cmake --preset release >/dev/null
+cmake --build --preset release --target attn_bench
+out=bench/results
+mkdir -p "$out"
+./build/release/bench/attn_bench --problems_json="$out/problems.json"
+./build/release/bench/attn_bench --benchmark_filter="$filter" --benchmark_repetitions="$repetitions" \
+  --benchmark_min_time="$min_time" --benchmark_out="$out/attn_bench.json" --benchmark_out_format=json
+"$peers_venv/bin/python" bench/peers.py --problems "$out/problems.json" --out "$out/peers.json" \
+  --repetitions "$repetitions" --min-time "$min_time" --filter "$filter"
+"$peers_venv/bin/python" bench/report.py --problems "$out/problems.json" --markdown "$out/comparison.md" \
+  --chart "$out/comparison.png" "$out/attn_bench.json" "$out/peers.json"

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Regenerates the checked-in autoscheduled schedules (schedules/frozen/) from the
+# generators: builds the generator executable, runs each autoscheduler plugin per
+# ISA and AOT function, rewrites schedules/frozen/registry.inc. Arguments go to
+# tools/freeze_schedules.py (--sources, --isas, --stages, --jobs).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source tools/setup.sh
+cmake --preset release >/dev/null
+cmake --build --preset release --target attn_generators
+plugins="$(python3 -c 'import halide, os; print(os.path.join(halide.install_dir(), "lib64"))')"
+python3 tools/freeze_schedules.py --generator build/release/attn_generators --plugins "$plugins" "$@"
