@@ -17,6 +17,11 @@ constexpr TailStrategy kGuard = TailStrategy::GuardWithIf;
 // the whole reduction; the algorithm clamps edge reads, so edge tiles are whole too.
 constexpr int kTileRows = 4;
 constexpr int kTileVectors = 3;
+// Query rows per block of the attention core: a block's scores, softmax and weighted
+// sum are computed together (flash-style), and each tile of K or V loaded for it is
+// reused by all of its rows, so larger blocks stream K and V fewer times at long
+// contexts; the block's scores (3 × 32 × S_k floats) stay in L2 up to S_k ≈ 1500.
+constexpr int kQueryBlock = 32;
 // The weighted sum's tile: two vectors of the head dimension (16 floats on AVX2
 // divide d = 32, 64, 80) by kTileRows query rows.
 constexpr int kContextVectors = 2;
@@ -64,16 +69,21 @@ void schedule_projection(attn_gen::Linear l, const Target &target) {
     register_tile(l.product, o, s, {l.k}, panel, LoopLevel(l.out, so), target);
 }
 
-// Q·Kᵀ for the rows of `block` (a block of kTileRows queries, all keys): keys in
-// register tiles of kTileVectors vectors (K is transposed per head so keys are
-// contiguous), the head dimension reduced.
+// Q·Kᵀ for the rows of `block` (a block of queries, all keys): register tiles of
+// kTileVectors vectors of keys (K is transposed per head so keys are contiguous) by
+// kTileRows queries, the head dimension reduced; each tile of K is reused by every
+// row tile of the block while it is in L1.
 void schedule_dot_rows(attn_gen::Scores sc, LoopLevel block, const Target &target) {
     const int vw = vector_width(target), columns = vw * kTileVectors;
     const Var &j = dims.key, &i = dims.query;
-    Var jo{"jo"}, ji{"ji"};
+    Var jo{"jo"}, ji{"ji"}, ir{"ir"}, ii{"ii"};
     Func dot_rows = sc.dot.in();
-    dot_rows.compute_at(block).split(j, jo, ji, columns, kGuard).reorder(ji, i, jo).vectorize(ji, vw, kGuard);
-    register_tile(sc.dot, j, i, {sc.e}, columns, LoopLevel(dot_rows, jo), target);
+    dot_rows.compute_at(block)
+        .split(j, jo, ji, columns, kGuard)
+        .split(i, ir, ii, kTileRows, kGuard)
+        .reorder(ji, ii, ir, jo)
+        .vectorize(ji, vw, kGuard);
+    register_tile(sc.dot, j, i, {sc.e}, columns, LoopLevel(dot_rows, ir), target);
 }
 
 // Row max, exponentials, row sum and probabilities for the rows computed at `at`;
@@ -90,18 +100,21 @@ void schedule_softmax_rows(attn_gen::MaskedSoftmax m, LoopLevel at, bool probs_t
     if (probs_too) m.probs.compute_at(at).vectorize(j, vw, kGuard);
 }
 
-// ctx(e, h, i, b) = Σ_j p · V: ctx tiles of kContextVectors vectors by kTileRows rows,
-// each a register tile reducing over keys. Leaves (ei, ii, eo, io, h, b) for the caller.
+// ctx(e, h, i, b) = Σ_j p · V per block of kQueryBlock queries: tiles of
+// kContextVectors vectors by kTileRows rows, each a register tile reducing over keys;
+// a column slice of V is reused by every row tile of the block. Leaves the loops
+// (ei, ii, ir, eo, io, h, b) for the caller, io being the block.
 void schedule_context(attn_gen::WeightedSum w, const Target &target) {
     const int vw = vector_width(target), columns = vw * kContextVectors;
     const Var &e = dims.head_dim, &i = dims.query, &h = dims.head, &b = dims.batch;
-    Var eo{"eo"}, ei{"ei"}, io{"io"}, ii{"ii"};
+    Var eo{"eo"}, ei{"ei"}, io{"io"}, i_block{"i_block"}, ir{"ir"}, ii{"ii"};
     w.ctx.compute_root()
-        .split(i, io, ii, kTileRows, kGuard)
+        .split(i, io, i_block, kQueryBlock, kGuard)
+        .split(i_block, ir, ii, kTileRows, kGuard)
         .split(e, eo, ei, columns, kGuard)
-        .reorder(ei, ii, eo, io, h, b)
+        .reorder(ei, ii, ir, eo, io, h, b)
         .vectorize(ei, vw, kGuard);
-    register_tile(w.ctx_sum, e, i, {w.j}, columns, LoopLevel(w.ctx, eo), target);
+    register_tile(w.ctx_sum, e, i, {w.j}, columns, LoopLevel(w.ctx, ir), target);
 }
 
 // dense = residual + bias + ctx·W_oᵀ as a projection (packed panels, register tiles),
@@ -149,7 +162,7 @@ void schedule_attention_scores_cpu(attn_gen::Scores sc, const Target &target) {
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
     Var io{"io"}, ii{"ii"};
     sc.scores.compute_root()
-        .split(i, io, ii, kTileRows, kGuard)
+        .split(i, io, ii, kQueryBlock, kGuard)
         .reorder(j, ii, io, h, b)
         .vectorize(j, vw, kGuard)
         .parallel(h)
@@ -180,7 +193,7 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
     schedule_qkv_projection_cpu(l.q, l.k, l.v, target);
 
-    // Attention core, flash-style on CPU: per (batch, head), a block of kTileRows query
+    // Attention core, flash-style on CPU: per (batch, head), a block of kQueryBlock query
     // rows at a time computes its scores, softmax and weighted sum, so memory stays O(S).
     Var io{"io"}, head_batch{"head_batch"};
     schedule_context(l.context, target);
@@ -190,7 +203,7 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
         // The caller asked for the probabilities: they are an S×S output anyway.
         Var pio{"pio"}, pii{"pii"};
         l.softmax.probs.compute_root()
-            .split(i, pio, pii, kTileRows, kGuard)
+            .split(i, pio, pii, kQueryBlock, kGuard)
             .reorder(j, pii, pio, h, b)
             .vectorize(j, vw, kGuard)
             .parallel(h)
@@ -201,6 +214,8 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
         schedule_softmax_rows(l.softmax, rows, false, target);
     } else {
         LoopLevel block(l.context.ctx, io);
+        // The scaled, biased scores once per block: both softmax passes read them.
+        l.scores.scores.compute_at(block).vectorize(j, vw, kGuard);
         l.scores.key_transposed.compute_at(l.context.ctx, head_batch).vectorize(j, vw, kGuard);
         schedule_dot_rows(l.scores, block, target);
         schedule_softmax_rows(l.softmax, block, true, target);

@@ -7,10 +7,10 @@
 // 113, d = 40, ...); register tiles at an edge stay whole thanks to the algorithm's
 // clamped reads, and what they compute past the edge is never stored.
 //
-// Reached (fused self_attention, BERT-base B=1 S=128 H=768; attn_bench, same run,
-// 2-core AMD EPYC (Zen, AVX2) dev machine, 2026-11-21): manual_avx2 4.55 ms =
-// 1.05x the OpenBLAS sgemm roofline of the layer's GEMMs (4.33 ms); the projections
-// reach 154 GFLOP/s against OpenBLAS's 146.
+// Reached (fused self_attention, attn_bench on the 2-core AMD EPYC (Zen, AVX2) dev
+// machine, 2026-11-21, same run as the OpenBLAS sgemm roofline of the layer's GEMMs):
+// BERT-base B=1 S=128 manual_avx2 4.56 ms = 1.04x the roofline (4.39 ms); S=2048
+// 219 ms = 1.43x (153 ms). The full table is bench/results/comparison.md.
 #pragma once
 
 #include "../generators/attention_algorithm.h"
