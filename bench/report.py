@@ -32,8 +32,10 @@ def load(paths):
             if b.get("error_occurred"):
                 entry["error"] = b.get("error_message", "error")
                 continue
-            if "max_bytes_used" in b:
-                entry["peak"] = max(entry.get("peak", 0), b["max_bytes_used"])
+            # Google Benchmark 1.7 measures memory once, in the last repetition, and
+            # leaves the field uninitialized in the others: keep the last one's.
+            if "max_bytes_used" in b and b.get("repetition_index", 0) >= entry.get("peak_repetition", -1):
+                entry["peak"], entry["peak_repetition"] = b["max_bytes_used"], b.get("repetition_index", 0)
             scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "ns")]
             if b.get("run_type") == "aggregate" and b.get("aggregate_name") == "median":
                 entry["ms"] = b["real_time"] * scale

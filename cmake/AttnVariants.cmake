@@ -25,15 +25,17 @@ set(ATTN_VARIANT_LINES "")
 set(ATTN_VARIANT_HEADERS "")
 set(ATTN_KERNEL_LIBRARIES "")
 
-function(attn_variant schedule isa)
+# Builds every AOT function of ATTN_STAGES with one schedule for one ISA, against
+# `runtime`; sets <out_var> to the library targets, named attn_<stage>_<schedule>_<isa>.
+function(_attn_stage_libraries schedule isa runtime out_var)
     if (NOT DEFINED ATTN_TARGET_${isa})
-        message(FATAL_ERROR "attn_variant(${schedule} ${isa}): unknown ISA '${isa}' (see cmake/AttnTargets.cmake)")
+        message(FATAL_ERROR "attn variant ${schedule} ${isa}: unknown ISA '${isa}' (see cmake/AttnTargets.cmake)")
     endif ()
-    set(target "${ATTN_TARGET_${isa}}")
     set(plugin_args "")
     if (DEFINED ATTN_PLUGIN_${schedule})
         set(plugin_args PLUGINS ${ATTN_PLUGIN_${schedule}})
     endif ()
+    set(libraries "")
     foreach (stage_spec IN LISTS ATTN_STAGES)
         string(REPLACE "|" ";" parts "${stage_spec}")
         list(GET parts 0 stage)
@@ -44,14 +46,23 @@ function(attn_variant schedule isa)
         add_halide_library(${function_name} FROM attn_generators
                            GENERATOR ${generator}
                            FUNCTION_NAME ${function_name}
-                           TARGETS ${target}
-                           USE_RUNTIME attn_halide_runtime
+                           TARGETS ${ATTN_TARGET_${isa}}
+                           USE_RUNTIME ${runtime}
                            ${plugin_args}
                            PARAMS schedule=${schedule} ${params})
-        list(APPEND ATTN_VARIANT_HEADERS "#include \"${function_name}.h\"")
-        list(APPEND ATTN_KERNEL_LIBRARIES ${function_name})
+        list(APPEND libraries ${function_name})
     endforeach ()
-    list(APPEND ATTN_VARIANT_LINES "ATTN_VARIANT(${schedule}, ${isa}, \"${target}\")")
+    set(${out_var} "${libraries}" PARENT_SCOPE)
+endfunction()
+
+# A variant of the variant list: linked into the runtime, dispatched, tested, benchmarked.
+function(attn_variant schedule isa)
+    _attn_stage_libraries(${schedule} ${isa} attn_halide_runtime libraries)
+    foreach (function_name IN LISTS libraries)
+        list(APPEND ATTN_VARIANT_HEADERS "#include \"${function_name}.h\"")
+    endforeach ()
+    list(APPEND ATTN_KERNEL_LIBRARIES ${libraries})
+    list(APPEND ATTN_VARIANT_LINES "ATTN_VARIANT(${schedule}, ${isa}, \"${ATTN_TARGET_${isa}}\")")
     set(ATTN_VARIANT_LINES "${ATTN_VARIANT_LINES}" PARENT_SCOPE)
     set(ATTN_VARIANT_HEADERS "${ATTN_VARIANT_HEADERS}" PARENT_SCOPE)
     set(ATTN_KERNEL_LIBRARIES "${ATTN_KERNEL_LIBRARIES}" PARENT_SCOPE)
@@ -61,26 +72,12 @@ endfunction()
 # static libraries with their own runtime under the target attn_cross_<schedule>_<isa>,
 # but not linked into this build's runtime (this machine cannot run them).
 function(attn_cross_variant schedule isa)
-    set(target "${ATTN_TARGET_${isa}}")
     if (NOT TARGET attn_halide_runtime_${isa})
-        add_halide_runtime(attn_halide_runtime_${isa} TARGETS ${target})
+        add_halide_runtime(attn_halide_runtime_${isa} TARGETS ${ATTN_TARGET_${isa}})
     endif ()
+    _attn_stage_libraries(${schedule} ${isa} attn_halide_runtime_${isa} libraries)
     add_custom_target(attn_cross_${schedule}_${isa} ALL)
-    foreach (stage_spec IN LISTS ATTN_STAGES)
-        string(REPLACE "|" ";" parts "${stage_spec}")
-        list(GET parts 0 stage)
-        list(GET parts 1 generator)
-        list(GET parts 2 params)
-        string(REPLACE "," ";" params "${params}")
-        set(function_name "attn_${stage}_${schedule}_${isa}")
-        add_halide_library(${function_name} FROM attn_generators
-                           GENERATOR ${generator}
-                           FUNCTION_NAME ${function_name}
-                           TARGETS ${target}
-                           USE_RUNTIME attn_halide_runtime_${isa}
-                           PARAMS schedule=${schedule} ${params})
-        add_dependencies(attn_cross_${schedule}_${isa} ${function_name})
-    endforeach ()
+    add_dependencies(attn_cross_${schedule}_${isa} ${libraries})
 endfunction()
 
 # One Halide runtime shared by all variants, built for the baseline so it runs on any x86-64.

@@ -46,27 +46,32 @@ void register_tile(Func tile, const Var &column, const Var &row, const std::vect
     tile.update().split(column, vec, lane, vw).reorder(order).vectorize(lane).unroll(vec).unroll(row);
 }
 
-// out(o, s, b) = product + bias, with product a register tile per (panel of output
-// features, block of rows). Panels run in parallel; each transposes its slice of the
-// weight once (a packed panel: the tile's loads are contiguous) and reuses it for
-// every row block of every batch.
-void schedule_projection(attn_gen::Linear l, const Target &target) {
+// A projection's output (o, s, b), e.g. product + bias, computed with the GEMM
+// `product` as a register tile per (panel of output features, block of rows). Panels
+// run in parallel; each transposes its slice of the weight once (a packed panel: the
+// tile's loads are contiguous) and reuses it for every row block of every batch.
+void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const std::vector<RVar> &reduction,
+                         const Target &target) {
     const int vw = vector_width(target), panel = vw * kTileVectors;
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var oo{"oo"}, oi{"oi"}, so{"so"}, si{"si"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
-    l.out.compute_root()
+    out.compute_root()
         .split(o, oo, oi, panel, kGuard)
         .split(s, so, si, kTileRows, kGuard)
         .reorder(oi, si, so, b, oo)
         .vectorize(oi, vw, kGuard)
         .parallel(oo);
-    l.weight_transposed.compute_at(l.out, oo)
+    weight_transposed.compute_at(out, oo)
         .bound_extent(o, panel)
         .split(in_feature, ko, ki, vw, kGuard)
         .reorder(o, ki, ko)
         .vectorize(o, vw)
         .unroll(ki);
-    register_tile(l.product, o, s, {l.k}, panel, LoopLevel(l.out, so), target);
+    register_tile(product, o, s, reduction, panel, LoopLevel(out, so), target);
+}
+
+void schedule_projection(attn_gen::Linear l, const Target &target) {
+    schedule_panel_gemm(l.out, l.weight_transposed, l.product, {l.k}, target);
 }
 
 // Q·Kᵀ for the rows of `block` (a block of queries, all keys): register tiles of
@@ -121,22 +126,10 @@ void schedule_context(attn_gen::WeightedSum w, const Target &target) {
 // then LayerNorm per block of rows, reading dense back from cache: the statistics
 // need whole rows, which a panel does not have.
 void schedule_output(attn_gen::OutputLayerNorm n, const Target &target) {
-    const int vw = vector_width(target), panel = vw * kTileVectors;
+    const int vw = vector_width(target);
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
-    Var so{"so"}, si{"si"}, oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
-    n.dense.compute_root()
-        .split(o, oo, oi, panel, kGuard)
-        .split(s, so, si, kTileRows, kGuard)
-        .reorder(oi, si, so, b, oo)
-        .vectorize(oi, vw, kGuard)
-        .parallel(oo);
-    n.weight_transposed.compute_at(n.dense, oo)
-        .bound_extent(o, panel)
-        .split(in_feature, ko, ki, vw, kGuard)
-        .reorder(o, ki, ko)
-        .vectorize(o, vw)
-        .unroll(ki);
-    register_tile(n.projection, o, s, {n.in_feature.x, n.in_feature.y}, panel, LoopLevel(n.dense, so), target);
+    Var so{"so"}, si{"si"};
+    schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, {n.in_feature.x, n.in_feature.y}, target);
     n.y.compute_root()
         .split(s, so, si, kTileRows, kGuard)
         .reorder(o, si, so, b)
