@@ -51,7 +51,7 @@ void for_each_head(const Problem &p, PerHead per_head) {
     const int64_t d = p.hidden / p.heads;
     for (int64_t b = 0; b < p.batch; ++b) {
         for (int64_t h = 0; h < p.heads; ++h) {
-            per_head(b, b * p.s_q * p.hidden + h * d, b * p.s_k * p.hidden + h * d);
+            per_head(b, h, b * p.s_q * p.hidden + h * d, b * p.s_k * p.hidden + h * d);
         }
     }
 }
@@ -68,7 +68,7 @@ void openblas_roofline(Gemms which, const LayerData &data, BlasWorkspace &ws) {
         linear(kv, p.batch * p.s_k, p.hidden, data.w_v.data(), nullptr, ws.v.data());
     }
     if (all || which == Gemms::attention_scores || which == Gemms::weighted_sum) {
-        for_each_head(p, [&](int64_t, int64_t q_off, int64_t kv_off) {
+        for_each_head(p, [&](int64_t, int64_t, int64_t q_off, int64_t kv_off) {
             if (which != Gemms::weighted_sum) head_scores(p, ws.q.data() + q_off, ws.k.data() + kv_off, 1.0f, ws.scores.data());
             if (which != Gemms::attention_scores) head_context(p, ws.scores.data(), ws.v.data() + kv_off, ws.ctx.data() + q_off);
         });
@@ -87,10 +87,9 @@ void openblas_unfused(const LayerData &data, BlasWorkspace &ws, float *y) {
     linear(kv, p.batch * p.s_k, H, data.w_v.data(), data.b_v.data(), ws.v.data());
 
     const float scale = 1.0f / std::sqrt(float(d));
-    for_each_head(p, [&](int64_t b, int64_t q_off, int64_t kv_off) {
+    for_each_head(p, [&](int64_t b, int64_t h, int64_t q_off, int64_t kv_off) {
         float *scores = ws.scores.data();
         head_scores(p, ws.q.data() + q_off, ws.k.data() + kv_off, scale, scores);
-        const int64_t h = (q_off - b * p.s_q * H) / d;
         for (int64_t i = 0; i < p.s_q; ++i) {
             float *row = scores + i * p.s_k;
             const float *bias = p.bias ? data.bias.data() + (h * p.s_q + i) * p.s_k : nullptr;

@@ -134,7 +134,6 @@ class OnnxRuntimePeer:
         self.version = ort.__version__
 
     def prepare(self, p, d):
-        import onnx
         from onnx import TensorProto, helper, numpy_helper
 
         hid = p["hidden"]

@@ -46,6 +46,14 @@ void register_tile(Func tile, const Var &column, const Var &row, const std::vect
     tile.update().split(column, vec, lane, vw).reorder(order).vectorize(lane).unroll(vec).unroll(row);
 }
 
+// A reduction over one row (max, sum) computed at `at`, vectorized across the row:
+// vectors of partial results, combined at the end (atomic() lets Halide reassociate).
+void vectorized_row_reduction(Func reduction, RVar along, LoopLevel at, const Target &target) {
+    RVar outer{"outer"}, lane{"lane"};
+    reduction.compute_at(at);
+    reduction.update().split(along, outer, lane, vector_width(target), kGuard).atomic().vectorize(lane);
+}
+
 // A projection's output (o, s, b), e.g. product + bias, computed with the GEMM
 // `product` as a register tile per (panel of output features, block of rows). Panels
 // run in parallel; each transposes its slice of the weight once (a packed panel: the
@@ -96,11 +104,7 @@ void schedule_dot_rows(attn_gen::Scores sc, LoopLevel block, const Target &targe
 void schedule_softmax_rows(attn_gen::MaskedSoftmax m, LoopLevel at, bool probs_too, const Target &target) {
     const int vw = vector_width(target);
     const Var &j = dims.key;
-    for (Func row : {m.row_max, m.row_sum}) {
-        RVar jo{"jo"}, ji{"ji"};
-        row.compute_at(at);
-        row.update().split(m.j.x, jo, ji, vw, kGuard).atomic().vectorize(ji);
-    }
+    for (Func row : {m.row_max, m.row_sum}) vectorized_row_reduction(row, m.j.x, at, target);
     m.exp_scores.compute_at(at).vectorize(j, vw, kGuard);
     if (probs_too) m.probs.compute_at(at).vectorize(j, vw, kGuard);
 }
@@ -136,11 +140,7 @@ void schedule_output(attn_gen::OutputLayerNorm n, const Target &target) {
         .vectorize(o, vw, kGuard)
         .parallel(so)
         .parallel(b);
-    for (Func stat : {n.sum, n.sum_sq_dev}) {
-        RVar ro{"ro"}, ri{"ri"};
-        stat.compute_at(n.y, so);
-        stat.update().split(n.row.x, ro, ri, vw, kGuard).atomic().vectorize(ri);
-    }
+    for (Func stat : {n.sum, n.sum_sq_dev}) vectorized_row_reduction(stat, n.row.x, LoopLevel(n.y, so), target);
 }
 
 }  // namespace

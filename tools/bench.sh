@@ -22,13 +22,7 @@ done
 source tools/setup.sh
 
 peers_venv=.venv-peers
-wanted="$(sha256sum tools/peer-requirements.txt | cut -d' ' -f1)"
-if [[ ! -f "$peers_venv/.requirements.sha256" || "$(cat "$peers_venv/.requirements.sha256")" != "$wanted" ]]; then
-  echo "bench: creating $peers_venv with the peers (PyTorch, ONNX Runtime) and matplotlib"
-  python3 -m venv "$peers_venv"
-  "$peers_venv/bin/python" -m pip install -q -r tools/peer-requirements.txt
-  echo "$wanted" > "$peers_venv/.requirements.sha256"
-fi
+ensure_venv "$peers_venv" tools/peer-requirements.txt  # the peers (PyTorch, ONNX Runtime) and matplotlib
 
 cmake --preset release >/dev/null
 cmake --build --preset release --target attn_bench

@@ -18,14 +18,20 @@ if ((${#missing_apt[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing_apt[@]}"
 fi
 
+# ensure_venv DIR REQUIREMENTS: a virtual environment with the pinned requirements,
+# recreated only when the requirements file changes (its hash is stamped inside).
+ensure_venv() {
+  local dir="$1" requirements="$2" wanted
+  wanted="$(sha256sum "$requirements" | cut -d' ' -f1)"
+  if [[ ! -f "$dir/.requirements.sha256" || "$(cat "$dir/.requirements.sha256")" != "$wanted" ]]; then
+    echo "setup: creating $dir with $(grep -cvE '^\s*(#|$)' "$requirements") pinned packages"
+    python3 -m venv "$dir"
+    "$dir/bin/python" -m pip install -q --upgrade pip
+    "$dir/bin/python" -m pip install -q -r "$requirements"
+    echo "$wanted" > "$dir/.requirements.sha256"
+  fi
+}
+
 venv="$repo_root/.venv"
-stamp="$venv/.requirements.sha256"
-wanted="$(sha256sum "$repo_root/tools/requirements.txt" | cut -d' ' -f1)"
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$wanted" ]]; then
-  echo "setup: creating $venv with $(grep -cvE '^\s*(#|$)' "$repo_root/tools/requirements.txt") pinned packages"
-  python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q -r "$repo_root/tools/requirements.txt"
-  echo "$wanted" > "$stamp"
-fi
+ensure_venv "$venv" "$repo_root/tools/requirements.txt"
 export PATH="$venv/bin:$PATH"
