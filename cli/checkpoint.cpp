@@ -1,0 +1,161 @@
+#include "checkpoint.h"
+
+#include "safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+namespace attn::cli {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char *kModelArg = "--model";
+
+nlohmann::json read_config(const std::string &path) {
+    std::ifstream in(path);
+    if (!in) throw Error(kModelArg, "cannot open " + path + ": " + std::strerror(errno));
+    try {
+        return nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception &e) {
+        throw Error(kModelArg, path + ": malformed JSON: " + e.what());
+    }
+}
+
+// The prefixes "<anything>encoder.layer.<N>." that hold a query weight, by layer.
+std::map<int, std::set<std::string>> layer_prefixes(const SafetensorsFile &file) {
+    static const std::regex query(R"(^(.*encoder\.layer\.(\d+)\.)attention\.self\.query\.weight$)");
+    std::map<int, std::set<std::string>> prefixes;
+    std::smatch m;
+    for (const auto &[name, array] : file.tensors()) {
+        if (std::regex_match(name, m, query) && m[2].length() < 9) prefixes[std::stoi(m[2])].insert(m[1]);
+    }
+    return prefixes;
+}
+
+std::vector<float> load_tensor(const SafetensorsFile &file, const std::string &name, const Shape &shape) {
+    const Array &array = file.tensor(name);
+    if (array.shape != shape) {
+        Array expected;
+        expected.shape = shape;
+        throw Error(kModelArg, file.path() + ": tensor '" + name + "' has shape " + array.shape_string() +
+                                   ", expected " + expected.shape_string());
+    }
+    return to_float32(array, std::string(kModelArg) + " tensor '" + name + "'");
+}
+
+}  // namespace
+
+LayerWeights CheckpointLayer::weights() const {
+    const int64_t h = config.hidden_size;
+    LayerWeights w;
+    w.w_q = {w_q.data(), w_q.size(), {h, h}};
+    w.w_k = {w_k.data(), w_k.size(), {h, h}};
+    w.w_v = {w_v.data(), w_v.size(), {h, h}};
+    w.w_o = {w_o.data(), w_o.size(), {h, h}};
+    w.b_q = {b_q.data(), b_q.size(), {h}};
+    w.b_k = {b_k.data(), b_k.size(), {h}};
+    w.b_v = {b_v.data(), b_v.size(), {h}};
+    w.b_o = {b_o.data(), b_o.size(), {h}};
+    w.gamma = {gamma.data(), gamma.size(), {h}};
+    w.beta = {beta.data(), beta.size(), {h}};
+    return w;
+}
+
+CheckpointLayer load_bert_layer(const std::string &model_path, int layer, std::optional<int64_t> heads,
+                                std::optional<float> eps) {
+    CheckpointLayer out;
+    std::error_code ec;
+    if (fs::is_directory(model_path, ec)) {
+        out.safetensors_path = (fs::path(model_path) / "model.safetensors").string();
+        if (!fs::exists(out.safetensors_path, ec)) {
+            throw Error(kModelArg, "directory " + model_path + " has no model.safetensors");
+        }
+    } else if (fs::exists(model_path, ec)) {
+        out.safetensors_path = model_path;
+    } else {
+        throw Error(kModelArg, model_path + " does not exist");
+    }
+    const fs::path config_path = fs::path(out.safetensors_path).parent_path() / "config.json";
+    if (fs::exists(config_path, ec)) out.config_path = config_path.string();
+
+    const SafetensorsFile file(out.safetensors_path, kModelArg);
+    const auto prefixes = layer_prefixes(file);
+    if (prefixes.empty()) {
+        throw Error(kModelArg, out.safetensors_path +
+                                   ": no BERT attention layers (no tensor named like "
+                                   "'encoder.layer.N.attention.self.query.weight')");
+    }
+    const auto found = prefixes.find(layer);
+    if (found == prefixes.end()) {
+        throw Error("--layer", std::to_string(layer) + " is not in the checkpoint, which has layers " +
+                                   std::to_string(prefixes.begin()->first) + " to " +
+                                   std::to_string(prefixes.rbegin()->first));
+    }
+    if (found->second.size() > 1) {
+        std::string names;
+        for (const std::string &p : found->second) names += (names.empty() ? "'" : ", '") + p + "'";
+        throw Error(kModelArg, out.safetensors_path + ": layer " + std::to_string(layer) +
+                                   " is ambiguous, found under " + names);
+    }
+    out.prefix = *found->second.begin();
+
+    const std::string self = out.prefix + "attention.self.", output = out.prefix + "attention.output.";
+    const Array &query = file.tensor(self + "query.weight");
+    if (query.shape.size() != 2 || query.shape[0] != query.shape[1]) {
+        throw Error(kModelArg, out.safetensors_path + ": tensor '" + self + "query.weight' has shape " +
+                                   query.shape_string() + ", expected [hidden, hidden]");
+    }
+    const int64_t h = query.shape[0];
+    out.config.hidden_size = h;
+
+    nlohmann::json config;
+    if (!out.config_path.empty()) config = read_config(out.config_path);
+    auto config_number = [&](const char *key) -> std::optional<double> {
+        if (!config.is_object() || !config.contains(key)) return std::nullopt;
+        if (!config[key].is_number()) {
+            throw Error(kModelArg, out.config_path + ": '" + key + "' is " + config[key].dump() + ", not a number");
+        }
+        return config[key].get<double>();
+    };
+    if (const auto hidden = config_number("hidden_size"); hidden && int64_t(*hidden) != h) {
+        throw Error(kModelArg, out.config_path + ": hidden_size " + std::to_string(int64_t(*hidden)) +
+                                   " disagrees with the checkpoint's " + std::to_string(h));
+    }
+    if (heads) {
+        out.config.num_heads = *heads;
+    } else if (const auto n = config_number("num_attention_heads")) {
+        out.config.num_heads = int64_t(*n);
+    } else {
+        throw Error("--heads", "not given, and " +
+                                   (out.config_path.empty() ? "there is no config.json beside " + out.safetensors_path
+                                                            : out.config_path + " has no num_attention_heads"));
+    }
+    if (eps) {
+        out.config.layer_norm_eps = *eps;
+    } else if (const auto e = config_number("layer_norm_eps")) {
+        out.config.layer_norm_eps = float(*e);
+    } else {
+        out.config.layer_norm_eps = 1e-12f;  // BERT's default
+    }
+
+    out.w_q = load_tensor(file, self + "query.weight", {h, h});
+    out.b_q = load_tensor(file, self + "query.bias", {h});
+    out.w_k = load_tensor(file, self + "key.weight", {h, h});
+    out.b_k = load_tensor(file, self + "key.bias", {h});
+    out.w_v = load_tensor(file, self + "value.weight", {h, h});
+    out.b_v = load_tensor(file, self + "value.bias", {h});
+    out.w_o = load_tensor(file, output + "dense.weight", {h, h});
+    out.b_o = load_tensor(file, output + "dense.bias", {h});
+    const bool old_names = !file.contains(output + "LayerNorm.weight") && file.contains(output + "LayerNorm.gamma");
+    out.gamma = load_tensor(file, output + (old_names ? "LayerNorm.gamma" : "LayerNorm.weight"), {h});
+    out.beta = load_tensor(file, output + (old_names ? "LayerNorm.beta" : "LayerNorm.bias"), {h});
+    return out;
+}
+
+}  // namespace attn::cli

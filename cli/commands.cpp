@@ -1,0 +1,161 @@
+// `attn variants`, `attn run` and `attn heatmap`.
+#include "commands.h"
+
+#include "checkpoint.h"
+#include "heatmap.h"
+#include "npy.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <cstdio>
+#include <fstream>
+
+namespace attn::cli {
+namespace {
+
+// Reads a float32 tensor of the given rank; `dims` names its dimensions for messages.
+std::vector<float> read_float32(const std::string &path, const std::string &argument, const Array &array,
+                                const std::string &dims) {
+    if (array.dtype != DType::float32) {
+        throw Error(argument, path + ": expected float32 " + dims + ", got " + dtype_name(array.dtype));
+    }
+    return to_float32(array, argument);
+}
+
+std::vector<std::string> read_tokens(const std::string &path) {
+    std::ifstream in(path);
+    if (!in) throw Error("--tokens", "cannot open " + path);
+    std::vector<std::string> tokens;
+    for (std::string line; std::getline(in, line);) tokens.push_back(line);
+    return tokens;
+}
+
+}  // namespace
+
+int list_variants(const VariantsOptions &options) {
+    if (options.json) {
+        nlohmann::json list = nlohmann::json::array();
+        for (const VariantInfo &v : variants()) {
+            list.push_back({{"name", v.name}, {"schedule", v.schedule}, {"isa", v.isa}, {"target", v.target},
+                            {"device", v.device}, {"runnable", v.runnable}, {"not_runnable_reason", v.not_runnable_reason}});
+        }
+        std::printf("%s\n", list.dump(2).c_str());
+        return 0;
+    }
+    std::printf("%-26s %-6s %-14s %-9s %s\n", "variant", "device", "schedule", "runs here", "target");
+    for (const VariantInfo &v : variants()) {
+        std::printf("%-26s %-6s %-14s %-9s %s\n", v.name.c_str(), v.device.c_str(), v.schedule.c_str(),
+                    v.runnable ? "yes" : "no", v.target.c_str());
+    }
+    for (const VariantInfo &v : variants()) {
+        if (!v.runnable) std::printf("  %s does not run here: %s\n", v.name.c_str(), v.not_runnable_reason.c_str());
+    }
+    std::printf("\nselected on this machine: %s\n", select_variant().name.c_str());
+    return 0;
+}
+
+int run_layer(const RunOptions &options) {
+    CheckpointLayer checkpoint = load_bert_layer(options.model, options.layer, options.heads, options.eps);
+    checkpoint.config.causal = options.causal;
+    const int64_t hidden = checkpoint.config.hidden_size;
+
+    const std::string x_dims = "[batch, seq, " + std::to_string(hidden) + "]";
+    const Array x_array = read_npy(options.input, "--input");
+    if (x_array.shape.size() != 3 || x_array.shape[2] != hidden) {
+        throw Error("--input", options.input + ": expected x of shape " + x_dims + " (hidden size from " +
+                                   checkpoint.prefix + "), got " + x_array.shape_string());
+    }
+    const std::vector<float> x = read_float32(options.input, "--input", x_array, x_dims);
+    const int64_t batch = x_array.shape[0], seq = x_array.shape[1];
+
+    std::vector<uint8_t> mask;
+    AttentionInputs inputs;
+    inputs.x = {x.data(), x.size(), x_array.shape};
+    if (!options.mask.empty()) {
+        const Array mask_array = read_npy(options.mask, "--mask");
+        if (mask_array.shape != Shape{batch, seq}) {
+            throw Error("--mask", options.mask + ": expected shape [" + std::to_string(batch) + ", " +
+                                      std::to_string(seq) + "] to match --input, got " + mask_array.shape_string());
+        }
+        mask = to_mask(mask_array, "--mask " + options.mask);
+        inputs.key_padding_mask = {mask.data(), mask.size(), mask_array.shape};
+    }
+
+    const Attention layer(checkpoint.config, checkpoint.weights(), options.variant);
+    std::vector<float> y(x.size());
+    std::vector<float> probs;
+    const Shape probs_shape{batch, checkpoint.config.num_heads, seq, seq};
+    if (!options.probs.empty()) probs.resize(std::size_t(batch * checkpoint.config.num_heads * seq * seq));
+    const auto start = std::chrono::steady_clock::now();
+    layer.forward(inputs, {y.data(), y.size(), x_array.shape},
+                  options.probs.empty() ? MutableTensor{} : MutableTensor{probs.data(), probs.size(), probs_shape});
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+
+    write_npy(options.output, x_array.shape, y, "--output");
+    if (!options.probs.empty()) write_npy(options.probs, probs_shape, probs, "--probs");
+    std::printf("%s%s: %s, %lld heads, eps %g, variant %s: x %s -> %s in %.3f ms\n", checkpoint.prefix.c_str(),
+                "attention", checkpoint.safetensors_path.c_str(), static_cast<long long>(checkpoint.config.num_heads),
+                double(checkpoint.config.layer_norm_eps), layer.variant().name.c_str(), x_array.shape_string().c_str(),
+                options.output.c_str(), ms);
+    return 0;
+}
+
+int draw_heatmaps(const HeatmapOptions &options) {
+    const Array array = read_npy(options.probs, "--probs");
+    if (array.shape.size() != 4 || array.shape[2] <= 0 || array.shape[3] <= 0) {
+        throw Error("--probs", options.probs + ": expected probabilities [batch, heads, S_q, S_k], got " +
+                                   array.shape_string());
+    }
+    const std::vector<float> probs = read_float32(options.probs, "--probs", array, "[batch, heads, S_q, S_k]");
+    const int64_t batch = array.shape[0], heads = array.shape[1], s_q = array.shape[2], s_k = array.shape[3];
+    if (options.batch < 0 || options.batch >= batch) {
+        throw Error("--batch", std::to_string(options.batch) + " is outside [0, " + std::to_string(batch) + ")");
+    }
+    if (options.head < -1 || options.head >= heads) {
+        throw Error("--head", std::to_string(options.head) + " is outside [0, " + std::to_string(heads) + ")");
+    }
+    HeatmapStyle style;
+    if (!options.tokens.empty()) {
+        style.tokens = read_tokens(options.tokens);
+        if (int64_t(style.tokens.size()) != std::max(s_q, s_k)) {
+            throw Error("--tokens", options.tokens + " has " + std::to_string(style.tokens.size()) +
+                                        " lines, but the probabilities cover " + std::to_string(std::max(s_q, s_k)) +
+                                        " tokens (one per line)");
+        }
+    }
+    if (options.highlight_query >= s_q) {
+        throw Error("--highlight-query", std::to_string(options.highlight_query) + " is outside [0, " +
+                                             std::to_string(s_q) + ")");
+    }
+    style.highlight_query = options.highlight_query;
+    style.title = options.title;
+
+    std::vector<HeatmapPanel> panels;
+    for (int64_t h = 0; h < heads; ++h) {
+        if (options.head >= 0 && h != options.head) continue;
+        panels.push_back({&probs[std::size_t(((options.batch * heads) + h) * s_q * s_k)], s_q, s_k,
+                          "head " + std::to_string(h)});
+    }
+    std::vector<std::string> written;
+    if (options.grid || panels.size() == 1) {
+        write_heatmap_png(options.out, panels, style);
+        written.push_back(options.out);
+    } else {
+        std::error_code ec;
+        std::filesystem::create_directories(options.out, ec);
+        if (ec) throw Error("--out", "cannot create directory " + options.out + ": " + ec.message());
+        for (std::size_t i = 0; i < panels.size(); ++i) {
+            char name[64];
+            std::snprintf(name, sizeof name, "batch%lld_head%02zu.png", static_cast<long long>(options.batch), i);
+            written.push_back((std::filesystem::path(options.out) / name).string());
+            write_heatmap_png(written.back(), {panels[i]}, style);
+        }
+    }
+    for (const std::string &path : written) std::printf("wrote %s\n", path.c_str());
+    return 0;
+}
+
+}  // namespace attn::cli

@@ -1,0 +1,44 @@
+// The attn subcommands, each with its options as parsed by main.cpp. Each returns the
+// process exit status and reports bad input by throwing attn::Error.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace attn::cli {
+
+struct VariantsOptions {
+    bool json = false;
+};
+int list_variants(const VariantsOptions &options);
+
+struct RunOptions {
+    std::string model, input, mask, variant, output, probs;
+    int layer = 0;
+    bool causal = false;
+    std::optional<int64_t> heads;
+    std::optional<float> eps;
+};
+int run_layer(const RunOptions &options);
+
+struct HeatmapOptions {
+    std::string probs, tokens, out, title;
+    int64_t batch = 0, head = -1, highlight_query = -1;  // head -1: every head
+    bool grid = false;
+};
+int draw_heatmaps(const HeatmapOptions &options);
+
+struct GenerateOptions {
+    std::string target, schedule, out, generator, name_suffix;
+};
+int generate_libraries(const GenerateOptions &options);
+
+struct BenchOptions {
+    std::string problem, variants;
+    int repetitions = 20;
+};
+int compare_variants(const BenchOptions &options);
+std::string benchmark_problem_names();  // for --help
+
+}  // namespace attn::cli
