@@ -200,10 +200,10 @@ Array read_npy(const std::string &path, const std::string &argument) {
 
     const std::size_t data_bytes = file.size() - header_start - header_len;
     const std::size_t size = dtype_size(array.dtype);
-    // Overflow-safe: compare element by element against what the file holds.
+    // The byte count the header implies, or SIZE_MAX where it overflows.
     std::size_t expected = size;
     for (int64_t d : array.shape) {
-        if (d != 0 && expected > data_bytes / std::size_t(d) + 1) {
+        if (d != 0 && expected > std::numeric_limits<std::size_t>::max() / std::size_t(d)) {
             expected = std::numeric_limits<std::size_t>::max();
             break;
         }

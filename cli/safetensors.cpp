@@ -76,7 +76,7 @@ SafetensorsFile::SafetensorsFile(const std::string &path, const std::string &arg
         }
         uint64_t expected = dtype_size(array.dtype);
         for (int64_t d : array.shape) {
-            if (d != 0 && expected > (end - begin) / uint64_t(d) + 1) {
+            if (d != 0 && expected > UINT64_MAX / uint64_t(d)) {
                 expected = UINT64_MAX;
                 break;
             }
