@@ -31,6 +31,7 @@ int draw_heatmaps(const HeatmapOptions &options);
 
 struct GenerateOptions {
     std::string target, schedule, out, generator, name_suffix;
+    int jobs = 0;  // generators run at once; 0: one per core
 };
 int generate_libraries(const GenerateOptions &options);
 

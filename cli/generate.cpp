@@ -11,12 +11,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
+#include <thread>
 #include <set>
 #include <vector>
 
@@ -59,7 +63,7 @@ std::string find_generator(const std::string &given) {
                                    " and " + candidates.back().string() + "); pass its path");
 }
 
-int spawn_and_wait(const std::vector<std::string> &args) {
+pid_t spawn(const std::vector<std::string> &args) {
     std::vector<char *> argv;
     for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
     argv.push_back(nullptr);
@@ -67,11 +71,42 @@ int spawn_and_wait(const std::vector<std::string> &args) {
     if (const int err = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ)) {
         throw Error("--generator", "cannot run " + args[0] + ": " + std::strerror(err));
     }
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) throw Error("--generator", std::string("waitpid: ") + std::strerror(errno));
+    return pid;
+}
+
+struct Job {
+    std::string label;
+    std::vector<std::string> args;
+};
+
+// Runs the jobs, `parallel` at a time; returns the first failed job's label and exit
+// status, after letting the ones already running finish.
+std::optional<std::pair<std::string, int>> run_jobs(const std::vector<Job> &jobs, int parallel) {
+    std::map<pid_t, std::string> running;
+    std::optional<std::pair<std::string, int>> failure;
+    std::size_t next = 0, done = 0;
+    while (done < jobs.size()) {
+        while (!failure && next < jobs.size() && int(running.size()) < parallel) {
+            running[spawn(jobs[next].args)] = jobs[next].label;
+            ++next;
+        }
+        if (running.empty()) break;
+        int status = 0;
+        const pid_t pid = waitpid(-1, &status, 0);
+        if (pid < 0) {
+            if (errno == EINTR) continue;
+            throw Error("--generator", std::string("waitpid: ") + std::strerror(errno));
+        }
+        const auto it = running.find(pid);
+        if (it == running.end()) continue;
+        const int exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        ++done;
+        std::printf("[%zu/%zu] %s%s\n", done, jobs.size(), it->second.c_str(), exit_status ? " FAILED" : "");
+        std::fflush(stdout);
+        if (exit_status && !failure) failure = std::make_pair(it->second, exit_status);
+        running.erase(it);
     }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return failure;
 }
 
 std::string c_identifier(const std::string &s) {
@@ -103,35 +138,33 @@ int generate_libraries(const GenerateOptions &options) {
                                {"halide_version", ATTN_HALIDE_VERSION},
                                {"runtime", "attn_halide_runtime.a"},
                                {"functions", nlohmann::json::array()}};
-    int index = 0;
+    std::vector<Job> jobs;
     for (const Stage &stage : kStages) {
         const std::string function = std::string("attn_") + stage.function + "_" + options.schedule + "_" + suffix;
-        std::printf("[%d/%zu] %s\n", ++index, std::size(kStages) + 1, function.c_str());
-        std::fflush(stdout);
         // Each function without its own runtime: they share attn_halide_runtime.a.
-        std::vector<std::string> args = {generator, "-g", stage.generator, "-f", function, "-o", options.out,
-                                         "-e", "static_library,c_header", "target=" + options.target + "-no_runtime",
-                                         "schedule=" + options.schedule};
-        if (options.schedule == "li2018") args.insert(args.begin() + 1, {"-p", ATTN_LI2018_PLUGIN});
-        std::string params = stage.params;
+        Job job{function, {generator, "-g", stage.generator, "-f", function, "-o", options.out, "-e",
+                           "static_library,c_header", "target=" + options.target + "-no_runtime",
+                           "schedule=" + options.schedule}};
+        if (options.schedule == "li2018") job.args.insert(job.args.begin() + 1, {"-p", ATTN_LI2018_PLUGIN});
+        const std::string params = stage.params;
         for (std::size_t start = 0; start < params.size();) {
             const std::size_t comma = std::min(params.find(',', start), params.size());
-            args.push_back(params.substr(start, comma - start));
+            job.args.push_back(params.substr(start, comma - start));
             start = comma + 1;
         }
-        if (const int status = spawn_and_wait(args)) {
-            throw Error("--target", "attn_generators failed on " + std::string(stage.function) + " for target '" +
-                                        options.target + "' with schedule '" + options.schedule + "' (exit " +
-                                        std::to_string(status) + "; its message is above)");
-        }
+        jobs.push_back(std::move(job));
         manifest["functions"].push_back({{"name", function}, {"header", function + ".h"}, {"library", function + ".a"}});
     }
-    std::printf("[%zu/%zu] attn_halide_runtime\n", std::size(kStages) + 1, std::size(kStages) + 1);
+    jobs.push_back({"attn_halide_runtime", {generator, "-r", "attn_halide_runtime", "-o", options.out, "-e",
+                                            "static_library", "target=" + options.target}});
+    const int parallel = options.jobs > 0 ? options.jobs : int(std::max(1u, std::thread::hardware_concurrency()));
+    std::printf("generating %zu libraries for %s with schedule %s, %d at a time\n", jobs.size(), options.target.c_str(),
+                options.schedule.c_str(), parallel);
     std::fflush(stdout);
-    if (const int status = spawn_and_wait({generator, "-r", "attn_halide_runtime", "-o", options.out, "-e",
-                                           "static_library", "target=" + options.target})) {
-        throw Error("--target", "attn_generators could not build the Halide runtime for '" + options.target +
-                                    "' (exit " + std::to_string(status) + ")");
+    if (const auto failure = run_jobs(jobs, parallel)) {
+        throw Error("--target", "attn_generators failed on " + failure->first + " for target '" + options.target +
+                                    "' with schedule '" + options.schedule + "' (exit " +
+                                    std::to_string(failure->second) + "; its message is above)");
     }
     std::ofstream(fs::path(options.out) / "manifest.json") << manifest.dump(2) << "\n";
     std::printf("wrote %zu libraries, their headers, attn_halide_runtime.a and manifest.json to %s\n",

@@ -59,6 +59,8 @@ int main(int argc, char **argv) {
         ->required();
     generate_cmd->add_option("--out", generate.out, "output directory")->required();
     generate_cmd->add_option("--generator", generate.generator, "path of attn_generators (default: found automatically)");
+    generate_cmd->add_option("--jobs", generate.jobs, "generators to run at once (default: one per core)")
+        ->check(CLI::PositiveNumber);
     generate_cmd->add_option("--name-suffix", generate.name_suffix,
                              "suffix of the function names (default: the target, as an identifier)");
 

@@ -18,16 +18,17 @@ if ((${#missing_apt[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing_apt[@]}"
 fi
 
-# ensure_venv DIR REQUIREMENTS: a virtual environment with the pinned requirements,
-# recreated only when the requirements file changes (its hash is stamped inside).
+# ensure_venv DIR REQUIREMENTS [PIP_OPTIONS...]: a virtual environment with the pinned
+# requirements, recreated only when the requirements file changes (its hash is stamped inside).
 ensure_venv() {
   local dir="$1" requirements="$2" wanted
+  local pip_options=("${@:3}")
   wanted="$(sha256sum "$requirements" | cut -d' ' -f1)"
   if [[ ! -f "$dir/.requirements.sha256" || "$(cat "$dir/.requirements.sha256")" != "$wanted" ]]; then
     echo "setup: creating $dir with $(grep -cvE '^\s*(#|$)' "$requirements") pinned packages"
     python3 -m venv "$dir"
     "$dir/bin/python" -m pip install -q --upgrade pip
-    "$dir/bin/python" -m pip install -q -r "$requirements"
+    "$dir/bin/python" -m pip install -q "${pip_options[@]}" -r "$requirements"
     echo "$wanted" > "$dir/.requirements.sha256"
   fi
 }

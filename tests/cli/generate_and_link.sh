@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# `attn generate` makes libraries that are ready to link:
+#  - for x86-64 (baseline), a program that references every generated function links
+#    against the archives and the runtime alone, calls masked_softmax and checks it;
+#  - for arm-64-linux, every object in the archives is AArch64 code.
+# Usage: generate_and_link.sh ATTN CXX HALIDE_INCLUDE_DIR WORK_DIR
+set -euo pipefail
+attn="$1" cxx="$2" halide_include="$3" work="$4"
+rm -rf "$work" && mkdir -p "$work"
+
+"$attn" generate --target x86-64-linux-sse41 --schedule manual --out "$work/x86"
+suffix=manual_x86_64_linux_sse41
+{
+  echo '#include "HalideBuffer.h"'
+  for header in "$work"/x86/attn_*.h; do echo "#include \"$(basename "$header")\""; done
+  echo '#include <cmath>'
+  echo '#include <cstdio>'
+  echo 'int main() {'
+  echo '    const void *functions[] = {'
+  for header in "$work"/x86/attn_*.h; do echo "        reinterpret_cast<const void *>(&$(basename "$header" .h)),"; done
+  echo '    };'
+  cat <<CPP
+    // Softmax over 4 keys of which the last is padding, 3 queries, 2 heads.
+    Halide::Runtime::Buffer<float> scores(4, 3, 2, 1), probs(4, 3, 2, 1);
+    scores.for_each_element([&](int k, int q, int h, int) { scores(k, q, h, 0) = 0.3f * k - 0.2f * q + h; });
+    Halide::Runtime::Buffer<uint8_t> mask(4, 1);
+    mask.fill(1);
+    mask(3, 0) = 0;
+    if (int error = attn_masked_softmax_${suffix}(scores, mask, false, probs)) return error;
+    for (int h = 0; h < 2; ++h) {
+        for (int q = 0; q < 3; ++q) {
+            const double sum = probs(0, q, h, 0) + probs(1, q, h, 0) + probs(2, q, h, 0);
+            const double expected2 = std::exp(0.6) / (1 + std::exp(0.3) + std::exp(0.6));
+            if (std::abs(sum - 1) > 1e-6 || probs(3, q, h, 0) != 0 || std::abs(probs(2, q, h, 0) - expected2) > 1e-6) {
+                std::printf("wrong softmax at head %d query %d\n", h, q);
+                return 1;
+            }
+        }
+    }
+    std::printf("linked %zu generated functions; masked_softmax checked\n", sizeof functions / sizeof *functions);
+    return 0;
+}
+CPP
+} > "$work/main.cpp"
+"$cxx" -std=c++17 -I "$work/x86" -I "$halide_include" "$work/main.cpp" "$work"/x86/attn_*_"$suffix".a \
+  "$work/x86/attn_halide_runtime.a" -lpthread -ldl -o "$work/linked"
+"$work/linked"
+
+"$attn" generate --target arm-64-linux --schedule manual --out "$work/arm64"
+mkdir -p "$work/arm64/objects"
+for archive in "$work"/arm64/*.a; do (cd "$work/arm64/objects" && ar x "$archive"); done
+count=0
+for object in "$work"/arm64/objects/*.o; do
+  machine=$(readelf -h "$object" | sed -n 's/^ *Machine: *//p')
+  [[ "$machine" == "AArch64" ]] || { echo "$object is for '$machine', not AArch64"; exit 1; }
+  count=$((count + 1))
+done
+echo "arm-64-linux: $count objects, all AArch64"
