@@ -96,10 +96,11 @@ int run_layer(const RunOptions &options) {
 
     write_npy(options.output, x_array.shape, y, "--output");
     if (!options.probs.empty()) write_npy(options.probs, probs_shape, probs, "--probs");
-    std::printf("%s%s: %s, %lld heads, eps %g, variant %s: x %s -> %s in %.3f ms\n", checkpoint.prefix.c_str(),
-                "attention", checkpoint.safetensors_path.c_str(), static_cast<long long>(checkpoint.config.num_heads),
-                double(checkpoint.config.layer_norm_eps), layer.variant().name.c_str(), x_array.shape_string().c_str(),
-                options.output.c_str(), ms);
+    std::printf("%sattention: %s, %lld heads, eps %g%s%s, variant %s: x %s -> %s in %.3f ms\n",
+                checkpoint.prefix.c_str(), checkpoint.safetensors_path.c_str(),
+                static_cast<long long>(checkpoint.config.num_heads), double(checkpoint.config.layer_norm_eps),
+                options.causal ? ", causal" : "", options.mask.empty() ? "" : ", key padding mask",
+                layer.variant().name.c_str(), x_array.shape_string().c_str(), options.output.c_str(), ms);
     return 0;
 }
 

@@ -46,7 +46,7 @@ int compare_variants(const BenchOptions &options) {
     const auto exact = reference::attention_layer<double>(problem.config(), data.weights(), data.inputs());
     const auto float32 = reference::attention_layer<float>(problem.config(), data.weights(), data.inputs());
 
-    std::printf("\n%-24s %-8s %12s %12s %12s %10s\n", "variant", "status", "max error", "tolerance", "median ms",
+    std::printf("\n%-26s %-8s %12s %12s %12s %10s\n", "variant", "status", "max error", "tolerance", "median ms",
                 "vs best");
     struct Row {
         std::string name, status, skip_reason;
@@ -86,9 +86,9 @@ int compare_variants(const BenchOptions &options) {
     }
     for (const Row &r : rows) {
         if (r.status == "skipped" || r.status == "refused") {
-            std::printf("%-24s %-8s %12s %12s %12s %10s\n", r.name.c_str(), r.status.c_str(), "-", "-", "-", "-");
+            std::printf("%-26s %-8s %12s %12s %12s %10s\n", r.name.c_str(), r.status.c_str(), "-", "-", "-", "-");
         } else {
-            std::printf("%-24s %-8s %12.3g %12.3g %12.3f %9.2fx\n", r.name.c_str(), r.status.c_str(), r.max_error,
+            std::printf("%-26s %-8s %12.3g %12.3g %12.3f %9.2fx\n", r.name.c_str(), r.status.c_str(), r.max_error,
                         r.tolerance, r.ms, r.ms / best);
         }
     }

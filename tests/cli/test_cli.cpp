@@ -461,7 +461,7 @@ TEST_F(CliTest, VariantsListsEveryCompiledVariant) {
 TEST_F(CliTest, BenchChecksAndTimesTheChosenVariants) {
     const Result r = attn("bench --problem b1_s128_h384_n12 --variants '^manual_sse41$' --repetitions 2");
     ASSERT_EQ(r.status, 0) << r.output;
-    EXPECT_NE(r.output.find("manual_sse41             ok"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("manual_sse41               ok"), std::string::npos) << r.output;
     const Result unknown = attn("bench --problem b9_nope");
     EXPECT_EQ(unknown.status, 1);
     EXPECT_NE(unknown.output.find("--problem: unknown problem 'b9_nope'; known: b1_s128_h768_n12_pad"), std::string::npos)
