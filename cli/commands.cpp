@@ -141,6 +141,9 @@ int draw_heatmaps(const HeatmapOptions &options) {
                           "head " + std::to_string(h)});
     }
     std::vector<std::string> written;
+    struct ReleaseCaches {
+        ~ReleaseCaches() { release_heatmap_caches(); }
+    } release_caches_when_done;
     if (options.grid || panels.size() == 1) {
         write_heatmap_png(options.out, panels, style);
         written.push_back(options.out);

@@ -3,6 +3,7 @@
 #include "attn/attention.h"
 
 #include <cairo.h>
+#include <fontconfig/fontconfig.h>
 
 #include <algorithm>
 #include <cmath>
@@ -148,6 +149,11 @@ void write_heatmap_png(const std::string &path, const std::vector<HeatmapPanel> 
     if (status != CAIRO_STATUS_SUCCESS) {
         throw Error("--out", "cannot write " + path + ": " + cairo_status_to_string(status));
     }
+}
+
+void release_heatmap_caches() {
+    cairo_debug_reset_static_data();
+    FcFini();
 }
 
 }  // namespace attn::cli

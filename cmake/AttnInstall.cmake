@@ -7,7 +7,11 @@ include(CMakePackageConfigHelpers)
 
 set(ATTN_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/attn" CACHE STRING "Where attn's CMake package goes")
 
-install(TARGETS attn_attention attn_halide_runtime ${ATTN_KERNEL_LIBRARIES} attn_cli
+set(installed_targets attn_attention attn_halide_runtime ${ATTN_KERNEL_LIBRARIES})
+if (TARGET attn_cli)
+    list(APPEND installed_targets attn_cli)
+endif ()
+install(TARGETS ${installed_targets}
         EXPORT attnTargets
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT attn_cli
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT attn_development)
