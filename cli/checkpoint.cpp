@@ -100,8 +100,8 @@ CheckpointLayer load_bert_layer(const std::string &model_path, int layer, std::o
     if (found->second.size() > 1) {
         std::string names;
         for (const std::string &p : found->second) names += (names.empty() ? "'" : ", '") + p + "'";
-        throw Error(kModelArg, out.safetensors_path + ": layer " + std::to_string(layer) +
-                                   " is ambiguous, found under " + names);
+        throw Error(kModelArg,
+                    out.safetensors_path + ": layer " + std::to_string(layer) + " is ambiguous, found under " + names);
     }
     out.prefix = *found->second.begin();
 
@@ -132,9 +132,9 @@ CheckpointLayer load_bert_layer(const std::string &model_path, int layer, std::o
     } else if (const auto n = config_number("num_attention_heads")) {
         out.config.num_heads = int64_t(*n);
     } else {
-        throw Error("--heads", "not given, and " +
-                                   (out.config_path.empty() ? "there is no config.json beside " + out.safetensors_path
-                                                            : out.config_path + " has no num_attention_heads"));
+        throw Error("--heads", "not given, and " + (out.config_path.empty()
+                                                        ? "there is no config.json beside " + out.safetensors_path
+                                                        : out.config_path + " has no num_attention_heads"));
     }
     if (eps) {
         out.config.layer_norm_eps = *eps;

@@ -16,7 +16,7 @@ namespace attn::cli {
 
 struct CheckpointLayer {
     std::string safetensors_path, config_path;  // config_path empty when none was found
-    std::string prefix;                          // e.g. "encoder.layer.3."
+    std::string prefix;                         // e.g. "encoder.layer.3."
     Config config;
     std::vector<float> w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, gamma, beta;
 

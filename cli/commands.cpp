@@ -39,8 +39,13 @@ int list_variants(const VariantsOptions &options) {
     if (options.json) {
         nlohmann::json list = nlohmann::json::array();
         for (const VariantInfo &v : variants()) {
-            list.push_back({{"name", v.name}, {"schedule", v.schedule}, {"isa", v.isa}, {"target", v.target},
-                            {"device", v.device}, {"runnable", v.runnable}, {"not_runnable_reason", v.not_runnable_reason}});
+            list.push_back({{"name", v.name},
+                            {"schedule", v.schedule},
+                            {"isa", v.isa},
+                            {"target", v.target},
+                            {"device", v.device},
+                            {"runnable", v.runnable},
+                            {"not_runnable_reason", v.not_runnable_reason}});
         }
         std::printf("%s\n", list.dump(2).c_str());
         return 0;
@@ -107,8 +112,8 @@ int run_layer(const RunOptions &options) {
 int draw_heatmaps(const HeatmapOptions &options) {
     const Array array = read_npy(options.probs, "--probs");
     if (array.shape.size() != 4 || array.shape[2] <= 0 || array.shape[3] <= 0) {
-        throw Error("--probs", options.probs + ": expected probabilities [batch, heads, S_q, S_k], got " +
-                                   array.shape_string());
+        throw Error("--probs",
+                    options.probs + ": expected probabilities [batch, heads, S_q, S_k], got " + array.shape_string());
     }
     const std::vector<float> probs = read_float32(options.probs, "--probs", array, "[batch, heads, S_q, S_k]");
     const int64_t batch = array.shape[0], heads = array.shape[1], s_q = array.shape[2], s_k = array.shape[3];
@@ -128,8 +133,8 @@ int draw_heatmaps(const HeatmapOptions &options) {
         }
     }
     if (options.highlight_query >= s_q) {
-        throw Error("--highlight-query", std::to_string(options.highlight_query) + " is outside [0, " +
-                                             std::to_string(s_q) + ")");
+        throw Error("--highlight-query",
+                    std::to_string(options.highlight_query) + " is outside [0, " + std::to_string(s_q) + ")");
     }
     style.highlight_query = options.highlight_query;
     style.title = options.title;
@@ -137,8 +142,8 @@ int draw_heatmaps(const HeatmapOptions &options) {
     std::vector<HeatmapPanel> panels;
     for (int64_t h = 0; h < heads; ++h) {
         if (options.head >= 0 && h != options.head) continue;
-        panels.push_back({&probs[std::size_t(((options.batch * heads) + h) * s_q * s_k)], s_q, s_k,
-                          "head " + std::to_string(h)});
+        panels.push_back(
+            {&probs[std::size_t(((options.batch * heads) + h) * s_q * s_k)], s_q, s_k, "head " + std::to_string(h)});
     }
     std::vector<std::string> written;
     struct ReleaseCaches {

@@ -65,7 +65,7 @@ int compare_variants(const BenchOptions &options) {
         auto y_view = view(y, {problem.batch, problem.s_q, problem.hidden});
         try {
             layer.forward(data.inputs(), y_view);  // warm-up, and the output checked
-        } catch (const Error &e) {  // an autoscheduled variant may refuse a shape smaller than its tiles
+        } catch (const Error &e) {                 // an autoscheduled variant may refuse a shape smaller than its tiles
             rows.push_back({variant.name, "refused", e.what()});
             continue;
         }
@@ -93,7 +93,8 @@ int compare_variants(const BenchOptions &options) {
         }
     }
     for (const Row &r : rows) {
-        if (!r.skip_reason.empty()) std::printf("  %s %s: %s\n", r.name.c_str(), r.status.c_str(), r.skip_reason.c_str());
+        if (!r.skip_reason.empty())
+            std::printf("  %s %s: %s\n", r.name.c_str(), r.status.c_str(), r.skip_reason.c_str());
     }
     std::printf("\nselected on this machine: %s\n", select_variant().name.c_str());
     return all_ok ? 0 : 1;

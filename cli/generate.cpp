@@ -59,8 +59,9 @@ std::string find_generator(const std::string &given) {
     for (const fs::path &c : candidates) {
         if (fs::exists(c, ec)) return c.string();
     }
-    throw Error("--generator", "cannot find attn_generators (looked in $ATTN_GENERATORS, " + candidates[candidates.size() - 2].string() +
-                                   " and " + candidates.back().string() + "); pass its path");
+    throw Error("--generator", "cannot find attn_generators (looked in $ATTN_GENERATORS, " +
+                                   candidates[candidates.size() - 2].string() + " and " + candidates.back().string() +
+                                   "); pass its path");
 }
 
 pid_t spawn(const std::vector<std::string> &args) {
@@ -142,9 +143,9 @@ int generate_libraries(const GenerateOptions &options) {
     for (const Stage &stage : kStages) {
         const std::string function = std::string("attn_") + stage.function + "_" + options.schedule + "_" + suffix;
         // Each function without its own runtime: they share attn_halide_runtime.a.
-        Job job{function, {generator, "-g", stage.generator, "-f", function, "-o", options.out, "-e",
-                           "static_library,c_header", "target=" + options.target + "-no_runtime",
-                           "schedule=" + options.schedule}};
+        Job job{function,
+                {generator, "-g", stage.generator, "-f", function, "-o", options.out, "-e", "static_library,c_header",
+                 "target=" + options.target + "-no_runtime", "schedule=" + options.schedule}};
         if (options.schedule == "li2018") job.args.insert(job.args.begin() + 1, {"-p", ATTN_LI2018_PLUGIN});
         const std::string params = stage.params;
         for (std::size_t start = 0; start < params.size();) {
@@ -153,10 +154,12 @@ int generate_libraries(const GenerateOptions &options) {
             start = comma + 1;
         }
         jobs.push_back(std::move(job));
-        manifest["functions"].push_back({{"name", function}, {"header", function + ".h"}, {"library", function + ".a"}});
+        manifest["functions"].push_back(
+            {{"name", function}, {"header", function + ".h"}, {"library", function + ".a"}});
     }
-    jobs.push_back({"attn_halide_runtime", {generator, "-r", "attn_halide_runtime", "-o", options.out, "-e",
-                                            "static_library", "target=" + options.target}});
+    jobs.push_back({"attn_halide_runtime",
+                    {generator, "-r", "attn_halide_runtime", "-o", options.out, "-e", "static_library",
+                     "target=" + options.target}});
     const int parallel = options.jobs > 0 ? options.jobs : int(std::max(1u, std::thread::hardware_concurrency()));
     std::printf("generating %zu libraries for %s with schedule %s, %d at a time\n", jobs.size(), options.target.c_str(),
                 options.schedule.c_str(), parallel);

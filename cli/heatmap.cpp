@@ -14,8 +14,8 @@ namespace attn::cli {
 namespace {
 
 // matplotlib's viridis at nine evenly spaced points: perceptually uniform, colour-blind safe.
-constexpr unsigned char kViridis[9][3] = {{68, 1, 84},    {71, 44, 122},  {59, 81, 139},  {44, 113, 142}, {33, 144, 141},
-                                          {39, 173, 129}, {92, 200, 99},  {170, 220, 50}, {253, 231, 37}};
+constexpr unsigned char kViridis[9][3] = {{68, 1, 84},    {71, 44, 122}, {59, 81, 139},  {44, 113, 142}, {33, 144, 141},
+                                          {39, 173, 129}, {92, 200, 99}, {170, 220, 50}, {253, 231, 37}};
 
 void set_viridis(cairo_t *cr, double t) {
     t = std::clamp(std::isfinite(t) ? t : 0.0, 0.0, 1.0) * 8.0;

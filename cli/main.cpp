@@ -41,8 +41,8 @@ int main(int argc, char **argv) {
     auto *heatmap_cmd = app.add_subcommand("heatmap", "Draw attention probabilities as PNG heatmaps");
     heatmap_cmd->add_option("--probs", heatmap.probs, "probabilities [batch, heads, S_q, S_k] .npy (attn run --probs)")
         ->required();
-    heatmap_cmd->add_option("--out", heatmap.out,
-                            "PNG file (one head, or --grid); otherwise a directory for one PNG per head")
+    heatmap_cmd
+        ->add_option("--out", heatmap.out, "PNG file (one head, or --grid); otherwise a directory for one PNG per head")
         ->required();
     heatmap_cmd->add_option("--tokens", heatmap.tokens, "text file, one token per line, to label the axes");
     heatmap_cmd->add_option("--batch", heatmap.batch, "which sequence of the batch")->capture_default_str();
@@ -55,17 +55,20 @@ int main(int argc, char **argv) {
     auto *generate_cmd = app.add_subcommand("generate", "Generate static libraries and headers for another target");
     generate_cmd->add_option("--target", generate.target, "Halide target, e.g. x86-64-linux-avx2-fma, arm-64-linux")
         ->required();
-    generate_cmd->add_option("--schedule", generate.schedule, "schedule source: manual, mullapudi2016, adams2019, li2018")
+    generate_cmd
+        ->add_option("--schedule", generate.schedule, "schedule source: manual, mullapudi2016, adams2019, li2018")
         ->required();
     generate_cmd->add_option("--out", generate.out, "output directory")->required();
-    generate_cmd->add_option("--generator", generate.generator, "path of attn_generators (default: found automatically)");
+    generate_cmd->add_option("--generator", generate.generator,
+                             "path of attn_generators (default: found automatically)");
     generate_cmd->add_option("--jobs", generate.jobs, "generators to run at once (default: one per core)")
         ->check(CLI::PositiveNumber);
     generate_cmd->add_option("--name-suffix", generate.name_suffix,
                              "suffix of the function names (default: the target, as an identifier)");
 
     BenchOptions bench;
-    auto *bench_cmd = app.add_subcommand("bench", "Run every variant on a problem, check it against the reference, time it");
+    auto *bench_cmd =
+        app.add_subcommand("bench", "Run every variant on a problem, check it against the reference, time it");
     bench_cmd->add_option("--problem", bench.problem, "benchmark problem: " + benchmark_problem_names());
     bench_cmd->add_option("--variants", bench.variants, "only variants whose name matches this regular expression");
     bench_cmd->add_option("--repetitions", bench.repetitions, "timed runs per variant (median reported)")

@@ -19,10 +19,10 @@ struct DTypeInfo {
     std::size_t size;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::bool_, "bool", "b1", 1},       {DType::int8, "int8", "i1", 1},       {DType::uint8, "uint8", "u1", 1},
-    {DType::int16, "int16", "i2", 2},      {DType::uint16, "uint16", "u2", 2},   {DType::int32, "int32", "i4", 4},
-    {DType::uint32, "uint32", "u4", 4},    {DType::int64, "int64", "i8", 8},     {DType::uint64, "uint64", "u8", 8},
-    {DType::float16, "float16", "f2", 2},  {DType::bfloat16, "bfloat16", "", 2}, {DType::float32, "float32", "f4", 4},
+    {DType::bool_, "bool", "b1", 1},      {DType::int8, "int8", "i1", 1},       {DType::uint8, "uint8", "u1", 1},
+    {DType::int16, "int16", "i2", 2},     {DType::uint16, "uint16", "u2", 2},   {DType::int32, "int32", "i4", 4},
+    {DType::uint32, "uint32", "u4", 4},   {DType::int64, "int64", "i8", 8},     {DType::uint64, "uint64", "u8", 8},
+    {DType::float16, "float16", "f2", 2}, {DType::bfloat16, "bfloat16", "", 2}, {DType::float32, "float32", "f4", 4},
     {DType::float64, "float64", "f8", 8},
 };
 
@@ -66,24 +66,36 @@ float half_to_float(uint16_t h) {
 
 double element_as_double(DType dtype, const unsigned char *p) {
     switch (dtype) {
-    case DType::bool_: return *p ? 1.0 : 0.0;
-    case DType::int8: return load<int8_t>(p);
-    case DType::uint8: return load<uint8_t>(p);
-    case DType::int16: return load<int16_t>(p);
-    case DType::uint16: return load<uint16_t>(p);
-    case DType::int32: return load<int32_t>(p);
-    case DType::uint32: return load<uint32_t>(p);
-    case DType::int64: return double(load<int64_t>(p));
-    case DType::uint64: return double(load<uint64_t>(p));
-    case DType::float16: return half_to_float(load<uint16_t>(p));
-    case DType::bfloat16: {
-        const uint32_t bits = uint32_t(load<uint16_t>(p)) << 16;
-        float f;
-        std::memcpy(&f, &bits, 4);
-        return f;
-    }
-    case DType::float32: return load<float>(p);
-    case DType::float64: return load<double>(p);
+        case DType::bool_:
+            return *p ? 1.0 : 0.0;
+        case DType::int8:
+            return load<int8_t>(p);
+        case DType::uint8:
+            return load<uint8_t>(p);
+        case DType::int16:
+            return load<int16_t>(p);
+        case DType::uint16:
+            return load<uint16_t>(p);
+        case DType::int32:
+            return load<int32_t>(p);
+        case DType::uint32:
+            return load<uint32_t>(p);
+        case DType::int64:
+            return double(load<int64_t>(p));
+        case DType::uint64:
+            return double(load<uint64_t>(p));
+        case DType::float16:
+            return half_to_float(load<uint16_t>(p));
+        case DType::bfloat16: {
+            const uint32_t bits = uint32_t(load<uint16_t>(p)) << 16;
+            float f;
+            std::memcpy(&f, &bits, 4);
+            return f;
+        }
+        case DType::float32:
+            return load<float>(p);
+        case DType::float64:
+            return load<double>(p);
     }
     return 0;
 }
@@ -119,7 +131,8 @@ std::vector<float> to_float32(const Array &array, const std::string &argument) {
     if (array.dtype == DType::float32) {
         std::memcpy(out.data(), array.bytes.data(), out.size() * 4);
     } else {
-        for (std::size_t i = 0; i < out.size(); ++i) out[i] = float(element_as_double(array.dtype, &array.bytes[i * size]));
+        for (std::size_t i = 0; i < out.size(); ++i)
+            out[i] = float(element_as_double(array.dtype, &array.bytes[i * size]));
     }
     return out;
 }
@@ -210,15 +223,17 @@ Array read_npy(const std::string &path, const std::string &argument) {
         expected *= std::size_t(d);
     }
     if (expected != data_bytes) {
-        throw fail("header says " + dtype_name(array.dtype) + " " + array.shape_string() + " (" +
-                   (expected == std::numeric_limits<std::size_t>::max() ? std::string("too many") : std::to_string(expected)) +
-                   " bytes of data), but the file has " + std::to_string(data_bytes));
+        throw fail(
+            "header says " + dtype_name(array.dtype) + " " + array.shape_string() + " (" +
+            (expected == std::numeric_limits<std::size_t>::max() ? std::string("too many") : std::to_string(expected)) +
+            " bytes of data), but the file has " + std::to_string(data_bytes));
     }
     array.bytes.assign(file.begin() + std::ptrdiff_t(header_start + header_len), file.end());
     return array;
 }
 
-void write_npy(const std::string &path, const Shape &shape, const std::vector<float> &data, const std::string &argument) {
+void write_npy(const std::string &path, const Shape &shape, const std::vector<float> &data,
+               const std::string &argument) {
     std::string dims;
     for (std::size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
     if (shape.size() == 1) dims += ",";

@@ -10,7 +10,21 @@
 
 namespace attn::cli {
 
-enum class DType { bool_, int8, uint8, int16, uint16, int32, uint32, int64, uint64, float16, bfloat16, float32, float64 };
+enum class DType {
+    bool_,
+    int8,
+    uint8,
+    int16,
+    uint16,
+    int32,
+    uint32,
+    int64,
+    uint64,
+    float16,
+    bfloat16,
+    float32,
+    float64
+};
 std::string dtype_name(DType dtype);  // NumPy's name: "float32", "bool", ...
 std::size_t dtype_size(DType dtype);
 

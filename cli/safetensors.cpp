@@ -50,7 +50,8 @@ SafetensorsFile::SafetensorsFile(const std::string &path, const std::string &arg
     for (const auto &[name, entry] : header.items()) {
         if (name == "__metadata__") continue;
         auto bad = [&](const std::string &why) { return fail("tensor '" + name + "': " + why); };
-        if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets")) {
+        if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+            !entry.contains("data_offsets")) {
             throw bad("entry needs dtype, shape and data_offsets");
         }
         Array array;

@@ -38,9 +38,7 @@ protected:
     fs::path dir_;
 };
 
-void write_file(const std::string &path, const std::string &bytes) {
-    std::ofstream(path, std::ios::binary) << bytes;
-}
+void write_file(const std::string &path, const std::string &bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 std::string raw(const void *data, std::size_t n) { return std::string(static_cast<const char *>(data), n); }
 
@@ -53,7 +51,8 @@ std::string npy_file(const std::string &header_dict, const std::string &data) {
     return std::string("\x93NUMPY\x01\x00", 8) + raw(&len, 2) + header + data;
 }
 std::string npy_header(const std::string &descr, const std::string &shape, bool fortran = false) {
-    return "{'descr': '" + descr + "', 'fortran_order': " + (fortran ? "True" : "False") + ", 'shape': " + shape + ", }";
+    return "{'descr': '" + descr + "', 'fortran_order': " + (fortran ? "True" : "False") + ", 'shape': " + shape +
+           ", }";
 }
 
 struct Tensor {
@@ -65,7 +64,8 @@ std::string safetensors_file(const std::map<std::string, Tensor> &tensors) {
     json header = {{"__metadata__", {{"format", "pt"}}}};
     std::string data;
     for (const auto &[name, t] : tensors) {
-        header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+        header[name] = {
+            {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
         data += t.bytes;
     }
     const std::string text = header.dump();
@@ -109,7 +109,8 @@ TEST_F(CliTest, NpyRoundTripsFloat32) {
 TEST_F(CliTest, NpyConvertsHalfBfloatAndDoubleToFloat32) {
     const uint16_t half[] = {0x3c00, 0xc100, 0x7bff, 0x0001};  // 1, -2.5, 65504, 2^-24
     write_file(path("h.npy"), npy_file(npy_header("<f2", "(4,)"), raw(half, sizeof half)));
-    EXPECT_EQ(to_float32(read_npy(path("h.npy"), "--x"), "--x"), (std::vector<float>{1, -2.5f, 65504, std::ldexp(1.0f, -24)}));
+    EXPECT_EQ(to_float32(read_npy(path("h.npy"), "--x"), "--x"),
+              (std::vector<float>{1, -2.5f, 65504, std::ldexp(1.0f, -24)}));
     const double d[] = {0.25, -1e10};
     write_file(path("d.npy"), npy_file(npy_header("<f8", "(2,)"), raw(d, sizeof d)));
     EXPECT_EQ(to_float32(read_npy(path("d.npy"), "--x"), "--x"), (std::vector<float>{0.25f, -1e10f}));
@@ -143,14 +144,16 @@ TEST_F(CliTest, MalformedNpyFilesAreRefusedWithTheReason) {
         {"missing", {"", "cannot open"}},
         {"not_npy", {"hello, world", "not a NumPy .npy file"}},
         {"short_header", {std::string("\x93NUMPY\x01\x00\xff\x00{", 11), "truncated header"}},
-        {"truncated", {npy_file(npy_header("<f4", "(2, 4)"), raw(four, 16)), "(32 bytes of data), but the file has 16"}},
+        {"truncated",
+         {npy_file(npy_header("<f4", "(2, 4)"), raw(four, 16)), "(32 bytes of data), but the file has 16"}},
         {"trailing", {npy_file(npy_header("<f4", "(2,)"), raw(four, 16)), "but the file has 16"}},
         {"fortran", {npy_file(npy_header("<f4", "(2, 2)", true), raw(four, 16)), "Fortran-ordered"}},
         {"big_endian", {npy_file(npy_header(">f4", "(4,)"), raw(four, 16)), "big-endian"}},
         {"complex", {npy_file(npy_header("<c8", "(2,)"), raw(four, 16)), "unsupported dtype '<c8'"}},
         {"no_shape", {npy_file("{'descr': '<f4', 'fortran_order': False, }", raw(four, 16)), "no 'shape'"}},
         {"bad_shape", {npy_file(npy_header("<f4", "(2, x)"), raw(four, 16)), "malformed shape"}},
-        {"huge_shape", {npy_file(npy_header("<f4", "(4294967296, 4294967296, 4294967296)"), raw(four, 16)), "too many"}},
+        {"huge_shape",
+         {npy_file(npy_header("<f4", "(4294967296, 4294967296, 4294967296)"), raw(four, 16)), "too many"}},
         {"version", {std::string("\x93NUMPY\x09\x00\x00\x00", 10), "version 9"}},
     };
     for (const auto &[name, c] : cases) {
@@ -193,11 +196,21 @@ TEST_F(CliTest, MalformedSafetensorsFilesAreRefusedWithTheReason) {
         {"long_header", {good.substr(0, 20), "exceeds the file's"}},
         {"bad_json", {with_header("{not json", ""), "malformed safetensors header"}},
         {"not_object", {with_header("[1, 2]", ""), "not a JSON object"}},
-        {"no_offsets", {with_header(R"({"a": {"dtype": "F32", "shape": [2]}})", std::string(8, '\0')), "needs dtype, shape and data_offsets"}},
-        {"outside", {with_header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 80]}})", std::string(8, '\0')), "outside the 8 data bytes"}},
-        {"misfit", {with_header(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", std::string(8, '\0')), "does not fit its 8 bytes"}},
-        {"fp8", {with_header(R"({"a": {"dtype": "F8_E4M3", "shape": [8], "data_offsets": [0, 8]}})", std::string(8, '\0')), "unsupported dtype"}},
-        {"negative", {with_header(R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", std::string(8, '\0')), "not a list of sizes"}},
+        {"no_offsets",
+         {with_header(R"({"a": {"dtype": "F32", "shape": [2]}})", std::string(8, '\0')),
+          "needs dtype, shape and data_offsets"}},
+        {"outside",
+         {with_header(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 80]}})", std::string(8, '\0')),
+          "outside the 8 data bytes"}},
+        {"misfit",
+         {with_header(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", std::string(8, '\0')),
+          "does not fit its 8 bytes"}},
+        {"fp8",
+         {with_header(R"({"a": {"dtype": "F8_E4M3", "shape": [8], "data_offsets": [0, 8]}})", std::string(8, '\0')),
+          "unsupported dtype"}},
+        {"negative",
+         {with_header(R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", std::string(8, '\0')),
+          "not a list of sizes"}},
     };
     for (const auto &[name, c] : cases) {
         write_file(path(name), c.first);
@@ -239,7 +252,9 @@ struct TinyBert {
         values[name] = v;
         tensors[name] = f32(v, std::move(shape));
     }
-    void write(const std::string &dir, const std::string &config = R"({"num_attention_heads": 2, "layer_norm_eps": 1e-5, "hidden_size": 8})") const {
+    void write(
+        const std::string &dir,
+        const std::string &config = R"({"num_attention_heads": 2, "layer_norm_eps": 1e-5, "hidden_size": 8})") const {
         fs::create_directories(dir);
         write_file(dir + "/model.safetensors", safetensors_file(tensors));
         if (!config.empty()) write_file(dir + "/config.json", config);
@@ -273,7 +288,8 @@ TEST_F(CliTest, CheckpointWithoutLeadingNameOldLayerNormNamesAndHalfPrecision) {
     }
     // The query weight stored as float16: 1.5 everywhere.
     bert.tensors["encoder.layer.0.attention.self.query.weight"] = {"F16", {8, 8}, std::string()};
-    for (int i = 0; i < 64; ++i) bert.tensors["encoder.layer.0.attention.self.query.weight"].bytes += std::string("\x00\x3e", 2);
+    for (int i = 0; i < 64; ++i)
+        bert.tensors["encoder.layer.0.attention.self.query.weight"].bytes += std::string("\x00\x3e", 2);
     bert.write(path("model"), "");
     const CheckpointLayer layer = load_bert_layer(path("model"), 0, 2, std::nullopt);
     EXPECT_EQ(layer.prefix, "encoder.layer.0.");
@@ -294,48 +310,58 @@ TEST_F(CliTest, CheckpointProblemsNameTheArgumentAndTheTensor) {
     };
     const TinyBert bert;
     bert.write(path("ok"));
-    expect_error("no such path", [&] { load_bert_layer(path("nope"), 0, 2, std::nullopt); }, "--model", "does not exist");
-    expect_error("directory without weights", [&] { load_bert_layer(dir_.string(), 0, 2, std::nullopt); }, "--model",
-                 "has no model.safetensors");
-    expect_error("missing layer", [&] { load_bert_layer(path("ok"), 2, std::nullopt, std::nullopt); }, "--layer",
-                 "2 is not in the checkpoint, which has layers 0 to 1");
+    expect_error(
+        "no such path", [&] { load_bert_layer(path("nope"), 0, 2, std::nullopt); }, "--model", "does not exist");
+    expect_error(
+        "directory without weights", [&] { load_bert_layer(dir_.string(), 0, 2, std::nullopt); }, "--model",
+        "has no model.safetensors");
+    expect_error(
+        "missing layer", [&] { load_bert_layer(path("ok"), 2, std::nullopt, std::nullopt); }, "--layer",
+        "2 is not in the checkpoint, which has layers 0 to 1");
     bert.write(path("no_config"), "");
-    expect_error("no heads", [&] { load_bert_layer(path("no_config"), 0, std::nullopt, std::nullopt); }, "--heads",
-                 "there is no config.json");
+    expect_error(
+        "no heads", [&] { load_bert_layer(path("no_config"), 0, std::nullopt, std::nullopt); }, "--heads",
+        "there is no config.json");
     bert.write(path("bad_config"), "{\"num_attention_heads\": \"twelve\"}");
-    expect_error("heads not a number", [&] { load_bert_layer(path("bad_config"), 0, std::nullopt, std::nullopt); },
-                 "--model", "'num_attention_heads' is \"twelve\", not a number");
+    expect_error(
+        "heads not a number", [&] { load_bert_layer(path("bad_config"), 0, std::nullopt, std::nullopt); }, "--model",
+        "'num_attention_heads' is \"twelve\", not a number");
     bert.write(path("wrong_hidden"), "{\"num_attention_heads\": 2, \"hidden_size\": 16}");
-    expect_error("config disagrees", [&] { load_bert_layer(path("wrong_hidden"), 0, std::nullopt, std::nullopt); },
-                 "--model", "hidden_size 16 disagrees with the checkpoint's 8");
+    expect_error(
+        "config disagrees", [&] { load_bert_layer(path("wrong_hidden"), 0, std::nullopt, std::nullopt); }, "--model",
+        "hidden_size 16 disagrees with the checkpoint's 8");
 
     TinyBert missing = bert;
     missing.tensors.erase("bert.encoder.layer.0.attention.self.key.bias");
     missing.write(path("missing"));
-    expect_error("missing tensor", [&] { load_bert_layer(path("missing"), 0, std::nullopt, std::nullopt); }, "--model",
-                 "no tensor 'bert.encoder.layer.0.attention.self.key.bias'");
+    expect_error(
+        "missing tensor", [&] { load_bert_layer(path("missing"), 0, std::nullopt, std::nullopt); }, "--model",
+        "no tensor 'bert.encoder.layer.0.attention.self.key.bias'");
 
     TinyBert wrong = bert;
     wrong.tensors["bert.encoder.layer.0.attention.self.value.weight"] = f32(std::vector<float>(32), {8, 4});
     wrong.write(path("wrong"));
-    expect_error("wrong shape", [&] { load_bert_layer(path("wrong"), 0, std::nullopt, std::nullopt); }, "--model",
-                 "'bert.encoder.layer.0.attention.self.value.weight' has shape [8, 4], expected [8, 8]");
+    expect_error(
+        "wrong shape", [&] { load_bert_layer(path("wrong"), 0, std::nullopt, std::nullopt); }, "--model",
+        "'bert.encoder.layer.0.attention.self.value.weight' has shape [8, 4], expected [8, 8]");
 
     TinyBert ints = bert;
     ints.tensors["bert.encoder.layer.0.attention.self.key.bias"] = {"I32", {8}, std::string(32, '\0')};
     ints.write(path("ints"));
-    expect_error("integer weights", [&] { load_bert_layer(path("ints"), 0, std::nullopt, std::nullopt); },
-                 "--model tensor 'bert.encoder.layer.0.attention.self.key.bias'", "got int32");
+    expect_error(
+        "integer weights", [&] { load_bert_layer(path("ints"), 0, std::nullopt, std::nullopt); },
+        "--model tensor 'bert.encoder.layer.0.attention.self.key.bias'", "got int32");
 
     TinyBert twice = bert;
     for (const auto &[name, t] : bert.tensors) twice.tensors["other." + name.substr(5)] = t;
     twice.write(path("twice"));
-    expect_error("ambiguous", [&] { load_bert_layer(path("twice"), 0, std::nullopt, std::nullopt); }, "--model",
-                 "is ambiguous");
+    expect_error(
+        "ambiguous", [&] { load_bert_layer(path("twice"), 0, std::nullopt, std::nullopt); }, "--model", "is ambiguous");
 
     write_file(path("empty.safetensors"), safetensors_file({{"x", f32({1}, {1})}}));
-    expect_error("not BERT", [&] { load_bert_layer(path("empty.safetensors"), 0, 2, std::nullopt); }, "--model",
-                 "no BERT attention layers");
+    expect_error(
+        "not BERT", [&] { load_bert_layer(path("empty.safetensors"), 0, 2, std::nullopt); }, "--model",
+        "no BERT attention layers");
 }
 
 // ---- the attn executable ----
@@ -385,10 +411,12 @@ TEST_F(CliTest, RunRefusesBadInputsWithAMessageAndNonZeroExit) {
     write_file(path("mask_short.npy"), npy_file(npy_header("|b1", "(1, 2)"), raw(mask, 2)));
     const std::string model = " --model " + path("model"), out = " --output " + path("y.npy");
     const std::vector<std::pair<std::string, std::string>> cases = {
-        {model + " --input " + path("x64.npy") + out, "--input: " + path("x64.npy") + ": expected float32 [batch, seq, 8], got float64"},
+        {model + " --input " + path("x64.npy") + out,
+         "--input: " + path("x64.npy") + ": expected float32 [batch, seq, 8], got float64"},
         {model + " --input " + path("x_h6.npy") + out, "expected x of shape [batch, seq, 8]"},
         {model + " --input " + path("missing.npy") + out, "--input: cannot open"},
-        {model + " --input " + path("x.npy") + " --mask " + path("mask_short.npy") + out, "--mask: " + path("mask_short.npy") + ": expected shape [1, 3]"},
+        {model + " --input " + path("x.npy") + " --mask " + path("mask_short.npy") + out,
+         "--mask: " + path("mask_short.npy") + ": expected shape [1, 3]"},
         {model + " --input " + path("x.npy") + " --variant no_such_variant" + out, "variant"},
         {model + " --input " + path("x.npy") + " --heads 3" + out, "num_heads"},
         {model + " --input " + path("x.npy") + " --layer 4" + out, "--layer: 4 is not in the checkpoint"},
@@ -441,7 +469,8 @@ TEST_F(CliTest, HeatmapWritesPngsPerHeadOrAsAGrid) {
     EXPECT_NE(r.output.find("has 3 lines, but the probabilities cover 4 tokens"), std::string::npos) << r.output;
     write_npy(path("flat.npy"), {16}, std::vector<float>(16), "p");
     r = attn("heatmap --probs " + path("flat.npy") + " --out " + path("x.png"));
-    EXPECT_NE(r.output.find("expected probabilities [batch, heads, S_q, S_k], got [16]"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("expected probabilities [batch, heads, S_q, S_k], got [16]"), std::string::npos)
+        << r.output;
 }
 
 TEST_F(CliTest, VariantsListsEveryCompiledVariant) {
@@ -464,7 +493,8 @@ TEST_F(CliTest, BenchChecksAndTimesTheChosenVariants) {
     EXPECT_NE(r.output.find("manual_sse41               ok"), std::string::npos) << r.output;
     const Result unknown = attn("bench --problem b9_nope");
     EXPECT_EQ(unknown.status, 1);
-    EXPECT_NE(unknown.output.find("--problem: unknown problem 'b9_nope'; known: b1_s128_h768_n12_pad"), std::string::npos)
+    EXPECT_NE(unknown.output.find("--problem: unknown problem 'b9_nope'; known: b1_s128_h768_n12_pad"),
+              std::string::npos)
         << unknown.output;
     const Result regex = attn("bench --variants '(('");
     EXPECT_NE(regex.output.find("--variants: '((' is not a regular expression"), std::string::npos) << regex.output;
@@ -473,12 +503,11 @@ TEST_F(CliTest, BenchChecksAndTimesTheChosenVariants) {
 TEST_F(CliTest, GenerateRefusesUnknownSchedulesAndTargets) {
     Result r = attn("generate --target arm-64-linux --schedule best --out " + path("out"));
     EXPECT_EQ(r.status, 1);
-    EXPECT_NE(r.output.find("--schedule: unknown schedule source 'best'; this build has"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("--schedule: unknown schedule source 'best'; this build has"), std::string::npos)
+        << r.output;
     r = attn("generate --target not-a-target --schedule manual --out " + path("out"));
     EXPECT_EQ(r.status, 1);
-    EXPECT_NE(r.output.find("--target: attn_generators failed on attn_"),
-              std::string::npos)
-        << r.output;
+    EXPECT_NE(r.output.find("--target: attn_generators failed on attn_"), std::string::npos) << r.output;
 }
 
 }  // namespace
