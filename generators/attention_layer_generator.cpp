@@ -72,7 +72,7 @@ public:
     }
 
     void schedule_manual_cpu() {
-        attn_sched::schedule_attention_layer_cpu(layer_, output_probs, get_target());
+        attn_sched::schedule_attention_layer_cpu(layer_, output_probs, this->tiling(), get_target());
     }
 
 private:

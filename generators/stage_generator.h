@@ -3,6 +3,7 @@
 // algorithm and its estimates.
 #pragma once
 
+#include "../schedules/cpu_manual.h"
 #include "../schedules/schedule_source.h"
 #include "attention_algorithm.h"
 
@@ -20,6 +21,15 @@ template <typename T>
 class StageGenerator : public Halide::Generator<T> {
 public:
     Halide::GeneratorParam<std::string> schedule_source{"schedule", "manual"};
+    // The hand-written schedule's parameters (schedules/cpu_manual.h); other sources ignore them.
+    Halide::GeneratorParam<int> tile_rows{"tile_rows", attn_sched::CpuTiling{}.tile_rows, 1, 8};
+    Halide::GeneratorParam<int> tile_vectors{"tile_vectors", attn_sched::CpuTiling{}.tile_vectors, 1, 6};
+    Halide::GeneratorParam<int> query_block{"query_block", attn_sched::CpuTiling{}.query_block, 1, 1024};
+    Halide::GeneratorParam<int> context_vectors{"context_vectors", attn_sched::CpuTiling{}.context_vectors, 1, 6};
+
+    attn_sched::CpuTiling tiling() const {
+        return {int(tile_rows), int(tile_vectors), int(query_block), int(context_vectors)};
+    }
 
     void schedule() {
         if (this->using_autoscheduler()) return;

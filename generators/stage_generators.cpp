@@ -53,7 +53,9 @@ public:
         estimate_activation(v);
     }
 
-    void schedule_manual_cpu() { attn_sched::schedule_qkv_projection_cpu(q_, k_, v_, get_target()); }
+    void schedule_manual_cpu() {
+        attn_sched::schedule_qkv_projection_cpu(q_, k_, v_, this->tiling(), get_target());
+    }
 
 private:
     Linear q_, k_, v_;
@@ -83,7 +85,9 @@ public:
         scores.set_estimates(score_estimate());
     }
 
-    void schedule_manual_cpu() { attn_sched::schedule_attention_scores_cpu(scores_, get_target()); }
+    void schedule_manual_cpu() {
+        attn_sched::schedule_attention_scores_cpu(scores_, this->tiling(), get_target());
+    }
 
 private:
     Scores scores_;
@@ -110,7 +114,9 @@ public:
         probs.set_estimates(score_estimate());
     }
 
-    void schedule_manual_cpu() { attn_sched::schedule_masked_softmax_cpu(softmax_, get_target()); }
+    void schedule_manual_cpu() {
+        attn_sched::schedule_masked_softmax_cpu(softmax_, this->tiling(), get_target());
+    }
 
 private:
     MaskedSoftmax softmax_;
@@ -139,7 +145,9 @@ public:
                            {0, kEstimateBatch}});
     }
 
-    void schedule_manual_cpu() { attn_sched::schedule_weighted_sum_cpu(context_, get_target()); }
+    void schedule_manual_cpu() {
+        attn_sched::schedule_weighted_sum_cpu(context_, this->tiling(), get_target());
+    }
 
 private:
     WeightedSum context_;
@@ -172,7 +180,9 @@ public:
         estimate_activation(y);
     }
 
-    void schedule_manual_cpu() { attn_sched::schedule_output_layernorm_cpu(output_, get_target()); }
+    void schedule_manual_cpu() {
+        attn_sched::schedule_output_layernorm_cpu(output_, this->tiling(), get_target());
+    }
 
 private:
     OutputLayerNorm output_;

@@ -17,13 +17,36 @@
 
 namespace attn_sched {
 
-void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k,
-                                 attn_gen::Linear v, const Halide::Target &target);
-void schedule_attention_scores_cpu(attn_gen::Scores scores, const Halide::Target &target);
-void schedule_masked_softmax_cpu(attn_gen::MaskedSoftmax softmax, const Halide::Target &target);
-void schedule_weighted_sum_cpu(attn_gen::WeightedSum context, const Halide::Target &target);
-void schedule_output_layernorm_cpu(attn_gen::OutputLayerNorm output, const Halide::Target &target);
-void schedule_attention_layer_cpu(attn_gen::AttentionLayer layer, bool probs_are_output,
+// The hand-written schedules' own parameters (generator parameters tile_rows,
+// tile_vectors, query_block, context_vectors; tools/autotune.py searches them). The
+// defaults are what the header above reached.
+struct CpuTiling {
+    // The register tile of every GEMM-shaped reduction: tile_rows rows by tile_vectors
+    // vectors of accumulators (12 of the 16 vector registers of SSE/AVX2, leaving room
+    // for the loaded row and the broadcasts). The tile is a constant-size Func computed
+    // inside its consumer's tile and fully unrolled, so LLVM keeps it in registers for
+    // the whole reduction; the algorithm clamps edge reads, so edge tiles are whole too.
+    int tile_rows = 4;
+    int tile_vectors = 3;
+    // Query rows per block of the attention core: a block's scores, softmax and weighted
+    // sum are computed together (flash-style), and each tile of K or V loaded for it is
+    // reused by all of its rows, so larger blocks stream K and V fewer times at long
+    // contexts; the block's scores (3 × 32 × S_k floats) stay in L2 up to S_k ≈ 1500.
+    int query_block = 32;
+    // The weighted sum's tile: context_vectors vectors of the head dimension (16 floats
+    // on AVX2 divide d = 32, 64, 80) by tile_rows query rows.
+    int context_vectors = 2;
+};
+
+void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v,
+                                 const CpuTiling &tiling, const Halide::Target &target);
+void schedule_attention_scores_cpu(attn_gen::Scores scores, const CpuTiling &tiling, const Halide::Target &target);
+void schedule_masked_softmax_cpu(attn_gen::MaskedSoftmax softmax, const CpuTiling &tiling,
+                                 const Halide::Target &target);
+void schedule_weighted_sum_cpu(attn_gen::WeightedSum context, const CpuTiling &tiling, const Halide::Target &target);
+void schedule_output_layernorm_cpu(attn_gen::OutputLayerNorm output, const CpuTiling &tiling,
+                                   const Halide::Target &target);
+void schedule_attention_layer_cpu(attn_gen::AttentionLayer layer, bool probs_are_output, const CpuTiling &tiling,
                                   const Halide::Target &target);
 
 }  // namespace attn_sched
