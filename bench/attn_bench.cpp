@@ -7,15 +7,24 @@
 // reference (DESIGN.md's accuracy rule) before it is timed, for every problem small
 // enough for the double reference; a wrong variant is reported as an error, not timed.
 //
-// Extra flag: --problems_json=PATH writes the problem list (with each sequence's real
+// Stage outputs are checked the same way against the reference of that stage.
+//
+// Extra flags: --problems_json=PATH writes the problem list (with each sequence's real
 // length) for the out-of-process peers (bench/peers.py) and exits.
+// --candidate=LIBRARY:SUFFIX:ISA loads a shared library holding some of the functions
+// attn_<stage>_<SUFFIX> (tools/autotune.py's candidates), registers it as the variant
+// candidate_<SUFFIX> and benchmarks only it.
+#include "kernels.h"  // the runtime's variant registration, for --candidate
 #include "openblas_peers.h"
 #include "peak_memory.h"
 
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -65,6 +74,8 @@ struct Fixture {
     // Stage inputs of the S×S shape (short contexts only); the [B, S, H] stage inputs
     // (q, k, v, ctx) are all data.x, as only the time counts.
     std::vector<float> scores, probs;
+    // Per stage: the double reference and the plain float32 result on these inputs.
+    std::map<std::string, std::pair<std::vector<double>, std::vector<float>>> stage_reference;
 
     explicit Fixture(const ListedProblem &lp) : data(lp.problem) {
         const Problem &p = lp.problem;
@@ -91,6 +102,32 @@ Fixture &fixture(const ListedProblem &lp) {
     auto &slot = cache[lp.problem.name()];
     if (!slot) slot = std::make_unique<Fixture>(lp);
     return *slot;
+}
+
+// The reference of one stage on the fixture's stage inputs (q = k = v = ctx = x).
+template <typename T>
+std::vector<T> stage_reference(const std::string &name, const Fixture &f, const Problem &p) {
+    const Config c = p.config();
+    const reference::Sizes sizes{p.batch, p.s_q, p.s_k};
+    const LayerWeights w = f.data.weights();
+    const std::vector<T> x(f.data.x.begin(), f.data.x.end());
+    if (name == "qkv_projection") {
+        std::vector<T> qkv;
+        for (auto [weight, bias] : {std::pair{w.w_q, w.b_q}, std::pair{w.w_k, w.b_k}, std::pair{w.w_v, w.b_v}}) {
+            const std::vector<T> out = reference::linear<T>(x, p.batch * p.s_q, weight, bias);
+            qkv.insert(qkv.end(), out.begin(), out.end());
+        }
+        return qkv;
+    }
+    if (name == "attention_scores") return reference::attention_scores<T>(c, sizes, x, x, {});
+    if (name == "masked_softmax") {
+        return reference::masked_softmax<T>(c, sizes, std::vector<T>(f.scores.begin(), f.scores.end()),
+                                            f.data.inputs().key_padding_mask);
+    }
+    if (name == "weighted_sum") {
+        return reference::weighted_sum<T>(c, sizes, std::vector<T>(f.probs.begin(), f.probs.end()), x);
+    }
+    return reference::output_layernorm<T>(c, sizes, x, x, w);
 }
 
 // Applies the accuracy rule when the problem has a reference; false (and the
@@ -142,6 +179,22 @@ void stage(benchmark::State &state, const std::string &name, const VariantInfo &
         }
     };
     run();
+    if (lp.reference_checked) {
+        auto &[exact, plain] = f.stage_reference[name];  // Fixture is shared; benchmarks run one at a time
+        if (exact.empty()) {
+            exact = stage_reference<double>(name, f, p);
+            plain = stage_reference<float>(name, f, p);
+        }
+        const std::size_t out_size = name == "qkv_projection" ? x.size() : exact.size();  // q, then k and v
+        std::vector<float> actual(out.begin(), out.begin() + std::ptrdiff_t(out_size));
+        if (name == "qkv_projection") {
+            actual.insert(actual.end(), k.begin(), k.end());
+            actual.insert(actual.end(), v.begin(), v.end());
+        }
+        const testing::Accuracy a = testing::check_accuracy(actual.data(), exact, plain);
+        state.counters["max_error"] = a.max_error;
+        if (!a.ok) return state.SkipWithError(a.report(name + " " + variant.name).c_str());
+    }
     for (auto _ : state) run();
     set_counters(state, work(name, p));
 }
@@ -171,7 +224,7 @@ benchmark::internal::Benchmark *configure(benchmark::internal::Benchmark *b) {
     return b->Unit(benchmark::kMillisecond);  // the report reads real_time (wall clock)
 }
 
-void register_all() {
+void register_all(const std::vector<VariantInfo> &variant_list, bool peers) {
     const char *stage_names[] = {"qkv_projection", "attention_scores", "masked_softmax", "weighted_sum",
                                  "output_layernorm"};
     const std::pair<const char *, Gemms> stage_peers[] = {{"qkv_projection", Gemms::qkv_projection},
@@ -180,26 +233,64 @@ void register_all() {
                                                           {"output_layernorm", Gemms::output_projection}};
     for (const ListedProblem &lp : testing::problem_list()) {
         const std::string problem = lp.problem.name();
-        for (const VariantInfo &v : variants()) {
+        for (const VariantInfo &v : variant_list) {
             configure(benchmark::RegisterBenchmark(("self_attention/" + v.name + "/" + problem).c_str(), fused_layer,
                                                    v, lp));
         }
-        configure(benchmark::RegisterBenchmark(("self_attention/openblas_roofline/" + problem).c_str(),
-                                               openblas_layer, true, lp));
-        configure(benchmark::RegisterBenchmark(("self_attention/openblas_unfused/" + problem).c_str(),
-                                               openblas_layer, false, lp));
+        if (peers) {
+            configure(benchmark::RegisterBenchmark(("self_attention/openblas_roofline/" + problem).c_str(),
+                                                   openblas_layer, true, lp));
+            configure(benchmark::RegisterBenchmark(("self_attention/openblas_unfused/" + problem).c_str(),
+                                                   openblas_layer, false, lp));
+        }
         if (lp.problem.s_q > kLongestStageSeq) continue;
         for (const char *name : stage_names) {
-            for (const VariantInfo &v : variants()) {
+            for (const VariantInfo &v : variant_list) {
                 configure(benchmark::RegisterBenchmark((std::string(name) + "/" + v.name + "/" + problem).c_str(),
                                                        stage, std::string(name), v, lp));
             }
         }
         for (const auto &[name, gemms] : stage_peers) {
+            if (!peers) break;
             configure(benchmark::RegisterBenchmark((std::string(name) + "/openblas_roofline/" + problem).c_str(),
                                                    openblas_stage, gemms, std::string(name), lp));
         }
     }
+}
+
+// --candidate=LIBRARY:SUFFIX:ISA: the functions attn_<stage>_<SUFFIX> the library has.
+VariantInfo load_candidate(const std::string &spec) {
+    const std::size_t first = spec.find(':'), last = spec.rfind(':');
+    if (first == std::string::npos || first == last) {
+        throw Error("--candidate", "expected LIBRARY:SUFFIX:ISA, got '" + spec + "'");
+    }
+    const std::string library = spec.substr(0, first), suffix = spec.substr(first + 1, last - first - 1);
+    void *handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) throw Error("--candidate", std::string("cannot load ") + library + ": " + dlerror());
+    detail::Kernels k{};
+    int found = 0;
+    auto bind = [&](auto &function, const char *stage) {
+        using Function = std::remove_reference_t<decltype(function)>;
+        function = reinterpret_cast<Function>(dlsym(handle, ("attn_" + std::string(stage) + "_" + suffix).c_str()));
+        found += function != nullptr;
+    };
+    bind(k.qkv_projection, "qkv_projection");
+    bind(k.attention_scores, "attention_scores");
+    bind(k.masked_softmax, "masked_softmax");
+    bind(k.weighted_sum, "weighted_sum");
+    bind(k.output_layernorm, "output_layernorm");
+    bind(k.self_attention, "self_attention");
+    bind(k.self_attention_probs, "self_attention_probs");
+    bind(k.cross_attention, "cross_attention");
+    bind(k.cross_attention_probs, "cross_attention_probs");
+    if (!found) throw Error("--candidate", library + " has no function attn_<stage>_" + suffix);
+    VariantInfo info;
+    info.name = "candidate_" + suffix;
+    info.schedule = "candidate";
+    info.isa = spec.substr(last + 1);
+    info.target = library;
+    info.device = "cpu";
+    return detail::register_variant(info, k);
 }
 
 std::string cpu_model() {
@@ -238,11 +329,25 @@ void write_problems_json(const std::string &path) {
 }  // namespace attn::bench
 
 int main(int argc, char **argv) {
-    const char *flag = "--problems_json=";
+    const char *problems_flag = "--problems_json=", *candidate_flag = "--candidate=";
+    std::vector<attn::VariantInfo> variant_list = attn::variants();
+    bool peers = true;
     for (int i = 1; i < argc; ++i) {
-        if (std::strncmp(argv[i], flag, std::strlen(flag)) == 0) {
-            attn::bench::write_problems_json(argv[i] + std::strlen(flag));
+        if (std::strncmp(argv[i], problems_flag, std::strlen(problems_flag)) == 0) {
+            attn::bench::write_problems_json(argv[i] + std::strlen(problems_flag));
             return 0;
+        }
+        if (std::strncmp(argv[i], candidate_flag, std::strlen(candidate_flag)) == 0) {
+            try {
+                variant_list = {attn::bench::load_candidate(argv[i] + std::strlen(candidate_flag))};
+            } catch (const attn::Error &e) {
+                std::fprintf(stderr, "attn_bench: %s\n", e.what());
+                return 1;
+            }
+            peers = false;
+            std::copy(argv + i + 1, argv + argc + 1, argv + i);  // argv[argc] is null
+            --argc;
+            --i;
         }
     }
     benchmark::Initialize(&argc, argv);
@@ -253,7 +358,7 @@ int main(int argc, char **argv) {
     benchmark::AddCustomContext("selected_variant", attn::select_variant().name);
     static attn::bench::PeakMemory peak_memory;
     benchmark::RegisterMemoryManager(&peak_memory);
-    attn::bench::register_all();
+    attn::bench::register_all(variant_list, peers);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     return 0;

@@ -65,6 +65,37 @@ def fused_rows(runs, problem):
     return rows, roofline, peers
 
 
+AUTOSCHEDULERS = ("mullapudi2016", "adams2019", "li2018")
+
+
+def autotuned_section(runs, problems, stages):
+    """Autotuned vs the best of (hand-written, each autoscheduler's default), same ISA, same run."""
+    rows = []
+    for p in problems:
+        for stage in stages:
+            impls = {i: r["ms"] for (s, i, q), r in runs.items() if s == stage and q == p["name"] and "ms" in r}
+            for impl, ms in sorted(impls.items()):
+                if not impl.startswith("autotuned_"):
+                    continue
+                isa = isa_of(impl)
+                manual = impls.get("manual_" + isa)
+                autos = {a: impls[f"{a}_{isa}"] for a in AUTOSCHEDULERS if f"{a}_{isa}" in impls}
+                best_auto = min(autos.items(), key=lambda x: x[1]) if autos else (None, None)
+                best_other = min([t for t in [manual, best_auto[1]] if t is not None], default=None)
+                rows.append(f"| {p['name']} | {stage} | {isa} | {ms:.3f} | {fmt(manual, '{:.3f}')} | "
+                            f"{best_auto[0] or '-'} {fmt(best_auto[1], '{:.3f}')} | "
+                            f"{fmt(manual / ms if manual else None)}x | "
+                            f"{fmt(best_auto[1] / ms if best_auto[1] else None)}x | "
+                            f"{fmt(best_other / ms if best_other else None)}x |")
+    if not rows:
+        return []
+    return ["", "## Autotuned variants against the defaults (same ISA, same run)", "",
+            "Speedups are default time / autotuned time (> 1: the autotuned variant is faster).", "",
+            "| problem | function | ISA | autotuned ms | manual ms | best autoscheduler default ms | "
+            "vs manual | vs best autoscheduler | vs best of both |",
+            "|---|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
 def fmt(x, pattern="{:.2f}"):
     return "-" if x is None else pattern.format(x)
 
@@ -108,6 +139,7 @@ def markdown(runs, context, problems):
                        f"{fmt(peak / 2**20 if peak is not None else None, '{:.1f}')} |")
         out.append("")
     stages = ["qkv_projection", "attention_scores", "masked_softmax", "weighted_sum", "output_layernorm"]
+    out += autotuned_section(runs, problems, ["self_attention"] + stages)
     for p in problems[:1]:
         impls = sorted({i for (s, i, q) in runs if q == p["name"] and s in stages})
         out += [f"## Stages alone: {p['name']} (ms)", "", "| implementation | " + " | ".join(stages) + " |",
@@ -124,7 +156,7 @@ def chart(runs, problems, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = ["manual", "mullapudi2016", "adams2019", "li2018", "openblas_unfused", "onnxruntime", "pytorch"]
+    groups = ["autotuned", "manual", "mullapudi2016", "adams2019", "li2018", "openblas_unfused", "onnxruntime", "pytorch"]
     names = [p["name"] for p in problems]
     fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(names)), 5))
     width = 0.8 / len(groups)

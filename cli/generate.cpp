@@ -120,7 +120,11 @@ std::string c_identifier(const std::string &s) {
 
 int generate_libraries(const GenerateOptions &options) {
     std::set<std::string> schedules;
-    for (const VariantInfo &v : variants()) schedules.insert(v.schedule);
+    // Autotuned parameters belong to one ISA: generate those with --schedule manual and
+    // the parameters of schedules/autotuned/<isa>/<function>.json.
+    for (const VariantInfo &v : variants()) {
+        if (v.schedule != "autotuned") schedules.insert(v.schedule);
+    }
     if (!schedules.count(options.schedule)) {
         std::string known;
         for (const std::string &s : schedules) known += (known.empty() ? "" : ", ") + s;

@@ -25,6 +25,27 @@ set(ATTN_VARIANT_LINES "")
 set(ATTN_VARIANT_HEADERS "")
 set(ATTN_KERNEL_LIBRARIES "")
 
+# The generator parameters of one autotuned function: what tools/autotune.py froze in
+# schedules/autotuned/<isa>/<stage>.json (the hand-written schedule's parameters).
+function(_attn_autotuned_params isa stage out_var)
+    set(file "${PROJECT_SOURCE_DIR}/schedules/autotuned/${isa}/${stage}.json")
+    if (NOT EXISTS "${file}")
+        message(FATAL_ERROR "attn variant autotuned ${isa}: ${file} is missing. Tune it with "
+                            "tools/autotune.sh --isa ${isa} --function ${stage} (self_attention tunes all four "
+                            "fused functions).")
+    endif ()
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${file}")
+    file(READ "${file}" json)
+    string(JSON count LENGTH "${json}" generator_params)
+    math(EXPR last "${count} - 1")
+    set(params "")
+    foreach (i RANGE ${last})
+        string(JSON param GET "${json}" generator_params ${i})
+        list(APPEND params "${param}")
+    endforeach ()
+    set(${out_var} "${params}" PARENT_SCOPE)
+endfunction()
+
 # Builds every AOT function of ATTN_STAGES with one schedule for one ISA, against
 # `runtime`; sets <out_var> to the library targets, named attn_<stage>_<schedule>_<isa>.
 function(_attn_stage_libraries schedule isa runtime out_var)
@@ -42,6 +63,10 @@ function(_attn_stage_libraries schedule isa runtime out_var)
         list(GET parts 1 generator)
         list(GET parts 2 params)
         string(REPLACE "," ";" params "${params}")
+        set(schedule_params schedule=${schedule})
+        if (schedule STREQUAL "autotuned")
+            _attn_autotuned_params(${isa} ${stage} schedule_params)
+        endif ()
         set(function_name "attn_${stage}_${schedule}_${isa}")
         add_halide_library(${function_name} FROM attn_generators
                            GENERATOR ${generator}
@@ -49,7 +74,7 @@ function(_attn_stage_libraries schedule isa runtime out_var)
                            TARGETS ${ATTN_TARGET_${isa}}
                            USE_RUNTIME ${runtime}
                            ${plugin_args}
-                           PARAMS schedule=${schedule} ${params})
+                           PARAMS ${schedule_params} ${params})
         list(APPEND libraries ${function_name})
     endforeach ()
     set(${out_var} "${libraries}" PARENT_SCOPE)
@@ -59,6 +84,17 @@ endfunction()
 # Its objects go into the per-ISA library attn_kernels_<isa> (every schedule for that
 # ISA), which is what the runtime links and what `cmake --install` ships.
 function(attn_variant schedule isa)
+    if (schedule STREQUAL "autotuned")  # built where tools/autotune.sh froze every function
+        foreach (stage_spec IN LISTS ATTN_STAGES)
+            string(REGEX REPLACE "\\|.*" "" stage "${stage_spec}")
+            if (NOT EXISTS "${PROJECT_SOURCE_DIR}/schedules/autotuned/${isa}/${stage}.json")
+                message(WARNING "attn: no autotuned_${isa} variant: schedules/autotuned/${isa}/${stage}.json is "
+                                "missing. Tune it with tools/autotune.sh --isa ${isa} --function ${stage} "
+                                "(self_attention tunes all four fused functions).")
+                return()
+            endif ()
+        endforeach ()
+    endif ()
     _attn_stage_libraries(${schedule} ${isa} attn_halide_runtime libraries)
     if (NOT TARGET attn_kernels_${isa})
         add_library(attn_kernels_${isa} STATIC)

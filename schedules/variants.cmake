@@ -4,6 +4,13 @@
 # dispatch, the tests and the benchmarks all iterate the header generated from
 # this list, so a new line is dispatched, tested and benchmarked with no other change.
 
+# Autotuned (tools/autotune.sh): the hand-written schedule with the parameters that
+# measured fastest for that ISA, frozen with their provenance in
+# schedules/autotuned/<isa>/<function>.json. Listed first, so select_variant() prefers
+# them over the other variants of the same ISA.
+attn_variant(autotuned sse41)
+attn_variant(autotuned avx2)
+
 # Hand-written expert schedules (schedules/cpu_manual.cpp).
 attn_variant(manual sse41)
 attn_variant(manual avx2)

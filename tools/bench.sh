@@ -31,7 +31,7 @@ mkdir -p "$out"
 ./build/release/bench/attn_bench --problems_json="$out/problems.json"
 # At S=4096 the autoscheduled variants take from seconds to minutes per iteration
 # (their schedules were made for S=128), so by default that problem runs only the
-# hand-written variants and OpenBLAS, in a second pass. With --filter, one pass runs
+# hand-written and autotuned variants and OpenBLAS, in a second pass. With --filter, one pass runs
 # exactly what the filter matches (Google Benchmark 1.7 filters take one POSIX
 # regex, or "-regex" to exclude).
 run_bench() {  # filter, output
@@ -41,7 +41,7 @@ run_bench() {  # filter, output
 results=("$out/attn_bench.json")
 if [[ "$filter" == "." ]]; then
   run_bench "-_s4096_" "$out/attn_bench.json"
-  run_bench "^self_attention/(manual|openblas).*_s4096_" "$out/attn_bench_s4096.json"
+  run_bench "^self_attention/(autotuned|manual|openblas).*_s4096_" "$out/attn_bench_s4096.json"
   results+=("$out/attn_bench_s4096.json")
 else
   run_bench "$filter" "$out/attn_bench.json"

@@ -33,6 +33,14 @@ struct Kernels {
 // cannot run on this machine.
 const Kernels &runnable_kernels(const VariantInfo &variant);
 
+// Adds a variant whose kernels were loaded at run time (tools/autotune.py's
+// candidates, dlopen'ed by attn_tune_probe). A null kernel is a function it lacks:
+// calling it fails like a pipeline would, with attn::Error("halide", "... does not
+// provide this function").
+// select_variant(info.name) finds it; variants() keeps listing the compiled ones only.
+// Not thread-safe: register before any other thread uses the library.
+const VariantInfo &register_variant(VariantInfo info, Kernels kernels);
+
 // Whether this CPU has the features the ISA's code uses; `missing` names them.
 bool cpu_supports(const std::string &isa, std::string *missing);
 

@@ -3,6 +3,7 @@
 #include "kernels.h"
 
 #include <algorithm>
+#include <deque>
 
 namespace attn {
 
@@ -26,8 +27,9 @@ Entry make_entry(const char *schedule, const char *isa, const char *target, deta
     return e;
 }
 
-const std::vector<Entry> &entries() {
-    static const std::vector<Entry> table = {
+// The compiled variants, then any registered at run time (a deque: references stay valid).
+std::deque<Entry> &entries() {
+    static std::deque<Entry> table = {
 #define ATTN_VARIANT(schedule, isa, target)                                                              \
     make_entry(#schedule, #isa, target,                                                                  \
                {attn_qkv_projection_##schedule##_##isa, attn_attention_scores_##schedule##_##isa,        \
@@ -53,12 +55,14 @@ std::string variant_names() {
     return names;
 }
 
+const std::size_t compiled_variant_count = entries().size();
+
 }  // namespace
 
 const std::vector<VariantInfo> &variants() {
     static const std::vector<VariantInfo> infos = [] {
         std::vector<VariantInfo> v;
-        for (const Entry &e : entries()) v.push_back(e.info);
+        for (std::size_t i = 0; i < compiled_variant_count; ++i) v.push_back(entries()[i].info);
         return v;
     }();
     return infos;
@@ -79,6 +83,9 @@ const VariantInfo &select_variant(const std::string &name) {
         if (!v.runnable) throw Error("variant", "'" + name + "' cannot run here: " + v.not_runnable_reason);
         return v;
     }
+    for (std::size_t i = compiled_variant_count; i < entries().size(); ++i) {
+        if (entries()[i].info.name == name) return entries()[i].info;
+    }
     throw Error("variant", "expected one of {" + variant_names() + "}, got '" + name + "'");
 }
 
@@ -93,6 +100,41 @@ const Kernels &runnable_kernels(const VariantInfo &variant) {
         return e.kernels;
     }
     throw Error("variant", "expected one of {" + variant_names() + "}, got '" + variant.name + "'");
+}
+
+namespace {
+
+// Stands in for a function a registered variant lacks.
+template <typename... Args>
+int missing_function(Args...) {
+    halide_error(nullptr, "this variant does not provide this function\n");
+    return halide_error_code_generic_error;
+}
+template <typename... Args>
+void fill_missing(int (*&function)(Args...)) {
+    if (!function) function = missing_function<Args...>;
+}
+
+}  // namespace
+
+const VariantInfo &register_variant(VariantInfo info, Kernels kernels) {
+    fill_missing(kernels.qkv_projection);
+    fill_missing(kernels.attention_scores);
+    fill_missing(kernels.masked_softmax);
+    fill_missing(kernels.weighted_sum);
+    fill_missing(kernels.output_layernorm);
+    fill_missing(kernels.self_attention);
+    fill_missing(kernels.self_attention_probs);
+    fill_missing(kernels.cross_attention);
+    fill_missing(kernels.cross_attention_probs);
+    for (const Entry &e : entries()) {
+        if (e.info.name == info.name) throw Error("variant", "'" + info.name + "' is already registered");
+    }
+    std::string missing;
+    info.runnable = cpu_supports(info.isa, &missing);
+    info.not_runnable_reason = missing;
+    entries().push_back({std::move(info), kernels});
+    return entries().back().info;
 }
 
 }  // namespace detail

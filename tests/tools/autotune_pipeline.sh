@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The autotuner's pipeline on a small search (masked_softmax, baseline ISA):
+#  - a candidate that computes the wrong thing is rejected by the harness's reference
+#    check before it is timed;
+#  - a two-candidate search compiles, checks and times both, and a second run resumes
+#    from the cache without compiling or measuring anything again.
+# Usage: autotune_pipeline.sh PYTHON CXX HALIDE_INCLUDE_DIR ATTN_BENCH ATTN_GENERATORS PLUGINS WORK_DIR
+# (PYTHON: the project's .venv, which has tqdm)
+set -euo pipefail
+python="$1" cxx="$2" halide_include="$3" bench="$4" generators="$5" plugins="$6" work="$7"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+rm -rf "$work" && mkdir -p "$work"
+
+# A wrong masked_softmax: all probabilities 0.
+cat > "$work/wrong.cpp" <<'CPP'
+#include <HalideRuntime.h>
+#include <cstring>
+extern "C" int attn_masked_softmax_wrong(halide_buffer_t *, halide_buffer_t *, bool, halide_buffer_t *probs) {
+    std::size_t n = 1;
+    for (int d = 0; d < probs->dimensions; ++d) n *= std::size_t(probs->dim[d].extent);
+    std::memset(probs->host, 0, n * sizeof(float));
+    return 0;
+}
+CPP
+"$cxx" -std=c++17 -shared -fPIC -I "$halide_include" "$work/wrong.cpp" -o "$work/wrong.so"
+"$bench" --candidate="$work/wrong.so:wrong:sse41" --benchmark_filter='^masked_softmax/candidate_wrong/b1_s128_h384_n12$' \
+  --benchmark_format=json > "$work/wrong.json"
+grep -q '"error_occurred": true' "$work/wrong.json" || { echo "the wrong candidate was not rejected"; exit 1; }
+grep -q 'max error' "$work/wrong.json" || { echo "the rejection does not give the error"; cat "$work/wrong.json"; exit 1; }
+echo "wrong candidate rejected: $(grep -o '"error_message": "[^"]*' "$work/wrong.json" | head -c 200)"
+
+tune() {
+  "$python" "$root/tools/autotune.py" --generator "$generators" --bench "$bench" --plugins "$plugins" --isa sse41 \
+    --function masked_softmax --problems b1_s128_h384_n12 --max-candidates 2 --repetitions 2 --min-time 0.01 \
+    --no-freeze --cache "$work/cache"
+}
+first=$(tune 2>&1 | tr '\r' '\n')
+echo "$first" | tail -3
+echo "$first" | grep -q "tried 2 of 2 candidates.*'measured': 2" || { echo "the search did not measure both"; exit 1; }
+start=$(date +%s)
+second=$(tune 2>&1 | tr '\r' '\n')
+echo "$second" | grep -q "tried 2 of 2 candidates.*'measured': 2" || { echo "the resumed search lost results"; exit 1; }
+elapsed=$(($(date +%s) - start))
+((elapsed < 10)) || { echo "resuming took ${elapsed} s: the cache was not used"; exit 1; }
+echo "resumed from the cache in ${elapsed} s"
