@@ -166,6 +166,7 @@ class Tuner:
         cache_root = pathlib.Path(args.cache or ROOT / "build" / "autotune")
         self.cache = cache_root / sources_hash() / args.isa / args.function
         self.cache.mkdir(parents=True, exist_ok=True)
+        self.from_cache = 0  # candidates whose measurement an earlier run left in the cache
 
     # ---- compiling ----
 
@@ -206,6 +207,7 @@ class Tuner:
         folder = self.cache / record["key"]
         measured_path = folder / "measured.json"
         if measured_path.exists():
+            self.from_cache += 1
             return json.loads(measured_path.read_text())
         bench_function = "self_attention" if self.generator == "attention_layer" else self.args.function
         problems = "|".join(re.escape(p) for p in self.args.problems)
@@ -395,7 +397,8 @@ def main():
     tuner = Tuner(args)
     space, results = tuner.run()
     counts = {s: sum(r["status"] == s for r in results) for s in sorted({r["status"] for r in results})}
-    print(f"tried {len(results)} of {len(space)} candidates in {time.time() - started:.0f} s: {counts}")
+    print(f"tried {len(results)} of {len(space)} candidates ({tuner.from_cache} from the cache) in "
+          f"{time.time() - started:.0f} s: {counts}")
     if args.no_freeze:
         return
     winner, vs, fastest = tuner.freeze(space, results, started)
