@@ -4,10 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <regex>
 #include <set>
 
@@ -18,10 +15,9 @@ namespace {
 constexpr const char *kModelArg = "--model";
 
 nlohmann::json read_config(const std::string &path) {
-    std::ifstream in(path);
-    if (!in) throw Error(kModelArg, "cannot open " + path + ": " + std::strerror(errno));
+    const std::string text = read_file(path, kModelArg);
     try {
-        return nlohmann::json::parse(in);
+        return nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception &e) {
         throw Error(kModelArg, path + ": malformed JSON: " + e.what());
     }
@@ -41,10 +37,8 @@ std::map<int, std::set<std::string>> layer_prefixes(const SafetensorsFile &file)
 std::vector<float> load_tensor(const SafetensorsFile &file, const std::string &name, const Shape &shape) {
     const Array &array = file.tensor(name);
     if (array.shape != shape) {
-        Array expected;
-        expected.shape = shape;
         throw Error(kModelArg, file.path() + ": tensor '" + name + "' has shape " + array.shape_string() +
-                                   ", expected " + expected.shape_string());
+                                   ", expected " + shape_string(shape));
     }
     return to_float32(array, std::string(kModelArg) + " tensor '" + name + "'");
 }

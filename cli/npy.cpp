@@ -33,12 +33,6 @@ const DTypeInfo &info(DType dtype) {
     throw std::logic_error("unknown dtype");
 }
 
-std::string read_file(const std::string &path, const std::string &argument) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error(argument, "cannot open " + path + ": " + std::strerror(errno));
-    return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 template <typename T>
 T load(const unsigned char *p) {
     T value;
@@ -115,10 +109,27 @@ int64_t Array::element_count() const {
     return n;
 }
 
-std::string Array::shape_string() const {
+std::size_t byte_count(DType dtype, const Shape &shape) {
+    std::size_t bytes = dtype_size(dtype);
+    for (int64_t d : shape) {
+        if (d != 0 && bytes > std::numeric_limits<std::size_t>::max() / std::size_t(d)) {
+            return std::numeric_limits<std::size_t>::max();
+        }
+        bytes *= std::size_t(d);
+    }
+    return bytes;
+}
+
+std::string shape_string(const Shape &shape) {
     std::string s = "[";
     for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
     return s + "]";
+}
+
+std::string read_file(const std::string &path, const std::string &argument) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error(argument, "cannot open " + path + ": " + std::strerror(errno));
+    return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 std::vector<float> to_float32(const Array &array, const std::string &argument) {
@@ -212,16 +223,7 @@ Array read_npy(const std::string &path, const std::string &argument) {
     }
 
     const std::size_t data_bytes = file.size() - header_start - header_len;
-    const std::size_t size = dtype_size(array.dtype);
-    // The byte count the header implies, or SIZE_MAX where it overflows.
-    std::size_t expected = size;
-    for (int64_t d : array.shape) {
-        if (d != 0 && expected > std::numeric_limits<std::size_t>::max() / std::size_t(d)) {
-            expected = std::numeric_limits<std::size_t>::max();
-            break;
-        }
-        expected *= std::size_t(d);
-    }
+    const std::size_t expected = byte_count(array.dtype, array.shape);
     if (expected != data_bytes) {
         throw fail(
             "header says " + dtype_name(array.dtype) + " " + array.shape_string() + " (" +

@@ -27,6 +27,12 @@ enum class DType {
 };
 std::string dtype_name(DType dtype);  // NumPy's name: "float32", "bool", ...
 std::size_t dtype_size(DType dtype);
+// The bytes a dtype and shape need, or SIZE_MAX where that overflows.
+std::size_t byte_count(DType dtype, const Shape &shape);
+std::string shape_string(const Shape &shape);  // "[2, 128, 768]"
+
+// The whole file; attn::Error(argument, "cannot open ...") when it cannot be read.
+std::string read_file(const std::string &path, const std::string &argument);
 
 // An n-dimensional array as stored in a file, before conversion.
 struct Array {
@@ -35,7 +41,7 @@ struct Array {
     std::vector<unsigned char> bytes;  // element_count() * dtype_size(dtype), little endian
 
     int64_t element_count() const;
-    std::string shape_string() const;  // "[2, 128, 768]"
+    std::string shape_string() const { return cli::shape_string(shape); }
 };
 
 // Converts a floating-point array (float16, bfloat16, float32, float64) to float32.

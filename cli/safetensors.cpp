@@ -2,10 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 namespace attn::cli {
 namespace {
@@ -28,9 +25,7 @@ bool parse_dtype(const std::string &name, DType &dtype) {
 SafetensorsFile::SafetensorsFile(const std::string &path, const std::string &argument)
     : path_(path), argument_(argument) {
     auto fail = [&](const std::string &why) { return Error(argument, path + ": " + why); };
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error(argument, "cannot open " + path + ": " + std::strerror(errno));
-    const std::string file(std::istreambuf_iterator<char>(in), {});
+    const std::string file = read_file(path, argument);
     if (file.size() < 8) throw fail("not a safetensors file (shorter than its 8-byte header length)");
     uint64_t header_len;
     std::memcpy(&header_len, file.data(), 8);
@@ -75,15 +70,7 @@ SafetensorsFile::SafetensorsFile(const std::string &path, const std::string &arg
             throw bad("data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] outside the " +
                       std::to_string(data_size) + " data bytes");
         }
-        uint64_t expected = dtype_size(array.dtype);
-        for (int64_t d : array.shape) {
-            if (d != 0 && expected > UINT64_MAX / uint64_t(d)) {
-                expected = UINT64_MAX;
-                break;
-            }
-            expected *= uint64_t(d);
-        }
-        if (expected != end - begin) {
+        if (byte_count(array.dtype, array.shape) != end - begin) {
             throw bad(entry["dtype"].get<std::string>() + " " + array.shape_string() + " does not fit its " +
                       std::to_string(end - begin) + " bytes");
         }
