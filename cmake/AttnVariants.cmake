@@ -25,15 +25,21 @@ set(ATTN_VARIANT_LINES "")
 set(ATTN_VARIANT_HEADERS "")
 set(ATTN_KERNEL_LIBRARIES "")
 
+# The fields of one ATTN_STAGES entry "function|generator|p1,p2": the function name,
+# its generator, and its extra generator params as a list.
+macro(_attn_stage_fields spec stage_var generator_var params_var)
+    string(REPLACE "|" ";" _attn_parts "${spec}")
+    list(GET _attn_parts 0 ${stage_var})
+    list(GET _attn_parts 1 ${generator_var})
+    list(GET _attn_parts 2 ${params_var})
+    string(REPLACE "," ";" ${params_var} "${${params_var}}")
+endmacro()
+
 # The generator parameters of one autotuned function: what tools/autotune.py froze in
-# schedules/autotuned/<isa>/<stage>.json (the hand-written schedule's parameters).
+# schedules/autotuned/<isa>/<stage>.json (the hand-written schedule's parameters);
+# attn_variant() has checked that the file exists.
 function(_attn_autotuned_params isa stage out_var)
     set(file "${PROJECT_SOURCE_DIR}/schedules/autotuned/${isa}/${stage}.json")
-    if (NOT EXISTS "${file}")
-        message(FATAL_ERROR "attn variant autotuned ${isa}: ${file} is missing. Tune it with "
-                            "tools/autotune.sh --isa ${isa} --function ${stage} (self_attention tunes all four "
-                            "fused functions).")
-    endif ()
     set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${file}")
     file(READ "${file}" json)
     string(JSON count LENGTH "${json}" generator_params)
@@ -58,11 +64,7 @@ function(_attn_stage_libraries schedule isa runtime out_var)
     endif ()
     set(libraries "")
     foreach (stage_spec IN LISTS ATTN_STAGES)
-        string(REPLACE "|" ";" parts "${stage_spec}")
-        list(GET parts 0 stage)
-        list(GET parts 1 generator)
-        list(GET parts 2 params)
-        string(REPLACE "," ";" params "${params}")
+        _attn_stage_fields("${stage_spec}" stage generator params)
         set(schedule_params schedule=${schedule})
         if (schedule STREQUAL "autotuned")
             _attn_autotuned_params(${isa} ${stage} schedule_params)
@@ -85,9 +87,11 @@ endfunction()
 # ISA), which is what the runtime links and what `cmake --install` ships.
 function(attn_variant schedule isa)
     if (schedule STREQUAL "autotuned")  # built where tools/autotune.sh froze every function
+        # CONFIGURE_DEPENDS: a parameter file added later reconfigures the build.
+        file(GLOB tuned CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/schedules/autotuned/${isa}/*.json")
         foreach (stage_spec IN LISTS ATTN_STAGES)
-            string(REGEX REPLACE "\\|.*" "" stage "${stage_spec}")
-            if (NOT EXISTS "${PROJECT_SOURCE_DIR}/schedules/autotuned/${isa}/${stage}.json")
+            _attn_stage_fields("${stage_spec}" stage generator params)
+            if (NOT "${PROJECT_SOURCE_DIR}/schedules/autotuned/${isa}/${stage}.json" IN_LIST tuned)
                 message(WARNING "attn: no autotuned_${isa} variant: schedules/autotuned/${isa}/${stage}.json is "
                                 "missing. Tune it with tools/autotune.sh --isa ${isa} --function ${stage} "
                                 "(self_attention tunes all four fused functions).")
@@ -155,10 +159,8 @@ ${variant_headers}
 # The AOT functions for `attn generate`: ATTN_STAGE(function, generator, "params").
 set(stage_lines "")
 foreach (stage_spec IN LISTS ATTN_STAGES)
-    string(REPLACE "|" ";" parts "${stage_spec}")
-    list(GET parts 0 stage)
-    list(GET parts 1 generator)
-    list(GET parts 2 params)
+    _attn_stage_fields("${stage_spec}" stage generator params)
+    string(REPLACE ";" "," params "${params}")
     list(APPEND stage_lines "ATTN_STAGE(\"${stage}\", \"${generator}\", \"${params}\")")
 endforeach ()
 list(JOIN stage_lines "\n" stage_lines)
