@@ -36,6 +36,7 @@ import argparse
 import concurrent.futures
 import datetime
 import hashlib
+import importlib.metadata
 import itertools
 import json
 import math
@@ -54,8 +55,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from freeze_schedules import ROOT, cmake_stages, cmake_targets  # noqa: E402
 
 AUTOTUNED = ROOT / "schedules" / "autotuned"
-HALIDE_VERSION = "21.0.0"
-FUSED = ["self_attention", "self_attention_probs", "cross_attention", "cross_attention_probs"]
 
 # The hand-written schedule's parameters each generator uses (schedules/cpu_manual.cpp).
 MANUAL_PARAMS = {
@@ -66,7 +65,6 @@ MANUAL_PARAMS = {
     "output_layernorm": ["tile_rows", "tile_vectors"],
     "attention_layer": ["tile_rows", "tile_vectors", "query_block", "context_vectors"],
 }
-MANUAL_DEFAULTS = {"tile_rows": 4, "tile_vectors": 3, "query_block": 32, "context_vectors": 2}
 MANUAL_VALUES = {"query_block": [16, 32, 64, 128], "context_vectors": [1, 2, 4]}
 # Register tiles: rows × vectors accumulators, at most 15 of the 16 vector registers.
 REGISTER_TILES = [(r, v) for r in range(1, 9) for v in range(1, 7) if 4 <= r * v <= 15]
@@ -95,6 +93,13 @@ def sources_hash():
     return h.hexdigest()[:16]
 
 
+def manual_defaults():
+    """The hand-written schedule's defaults, as declared in schedules/cpu_manual.h (CpuTiling)."""
+    text = (ROOT / "schedules" / "cpu_manual.h").read_text()
+    tiling = re.search(r"struct CpuTiling \{(.*?)\n\};", text, re.S).group(1)
+    return {name: int(value) for name, value in re.findall(r"int (\w+) = (\d+);", tiling)}
+
+
 def manual_candidates(generator):
     names = MANUAL_PARAMS[generator]
     axes = []
@@ -105,7 +110,8 @@ def manual_candidates(generator):
     for name in ("query_block", "context_vectors"):
         if name in names:
             axes.append([{name: v} for v in MANUAL_VALUES[name]])
-    default = {k: MANUAL_DEFAULTS[k] for k in names}
+    defaults = manual_defaults()
+    default = {k: defaults[k] for k in names}
     out = [default]
     for combo in itertools.product(*axes):
         params = {k: v for part in combo for k, v in part.items()}
@@ -119,20 +125,19 @@ def autoscheduler_candidates(source, generator):
     sweep = dict(sweep)
     if source == "adams2019" and generator == "attention_layer":
         sweep["beam_size"] = FUSED_ADAMS_BEAMS
+    combos = [dict(zip(sweep, values)) for values in itertools.product(*sweep.values())]
     if source == "adams2019":  # seeds only matter with dropout
-        combos = [dict(zip(sweep, values)) for values in itertools.product(*sweep.values())]
         combos = [c for c in combos if c["random_dropout"] < 100 or c["random_dropout_seed"] == 0]
-    else:
-        combos = [dict(zip(sweep, values)) for values in itertools.product(*sweep.values())]
     return [(source, c) for c in combos]  # the first is the default
 
 
 def search_space(generator, seed):
+    """The candidates in search order, and the key of each schedule source's default."""
     groups = [manual_candidates(generator)] + [autoscheduler_candidates(s, generator) for s in AUTOSCHEDULERS]
     defaults = [g[0] for g in groups]
     rest = [c for g in groups for c in g[1:]]
     random.Random(seed).shuffle(rest)
-    return defaults + rest
+    return defaults + rest, {source: candidate_key(source, params) for source, params in defaults}
 
 
 def candidate_key(source, params):
@@ -167,6 +172,7 @@ class Tuner:
         self.cache = cache_root / sources_hash() / args.isa / args.function
         self.cache.mkdir(parents=True, exist_ok=True)
         self.from_cache = 0  # candidates whose measurement an earlier run left in the cache
+        self.space, self.default_keys = search_space(self.generator, args.seed)
 
     # ---- compiling ----
 
@@ -246,7 +252,7 @@ class Tuner:
     # ---- the search ----
 
     def run(self):
-        space = search_space(self.generator, self.args.seed)
+        space = self.space
         if self.args.max_candidates:
             space = space[: self.args.max_candidates]
         deadline = time.time() + 60 * self.args.budget_minutes
@@ -280,17 +286,9 @@ class Tuner:
         return space, results
 
     def defaults(self, results):
-        """The measured default of each schedule source (the first of its group)."""
-        out = {}
-        for source, params in search_space(self.generator, self.args.seed):
-            if source in out:
-                continue
-            for r in results:
-                if r["source"] == source and r["params"] == params:
-                    out[source] = r
-            if source not in out:
-                out[source] = None
-        return out
+        """The record of each schedule source's default (None where it was not tried)."""
+        by_key = {r["key"]: r for r in results}
+        return {source: by_key.get(key) for source, key in self.default_keys.items()}
 
     def ratios(self, record, results):
         """Time relative to the hand-written default, per problem."""
@@ -304,9 +302,6 @@ class Tuner:
         ratios = self.ratios(record, results)
         return max(ratios), math.exp(sum(map(math.log, ratios)) / len(ratios))
 
-    def summary(self, record):
-        return " ".join(f"{p.split('_')[0]}_{p.split('_')[1]}:{t:.3g}ms" for p, t in record["times_ms"].items())
-
     # ---- freezing ----
 
     def freeze(self, space, results, started):
@@ -318,7 +313,8 @@ class Tuner:
         # faster autoscheduled candidate is reported, not frozen.
         winner = min((r for r in measured if r["source"] == "manual"), key=lambda r: self.score(r, results))
         defaults = self.defaults(results)
-        functions = FUSED if self.generator == "attention_layer" else [self.args.function]
+        # Every function of the tuned generator: the fused layer's four share its winner.
+        functions = [name for name, generator, _ in cmake_stages() if generator == self.generator]
         best_per_problem = {p: min(measured, key=lambda r: r["times_ms"][p])["key"] for p in self.args.problems}
         vs = {}
         for source, r in defaults.items():
@@ -330,7 +326,7 @@ class Tuner:
             "isa": self.args.isa,
             "target": self.target,
             "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "host": platform.node()},
-            "halide": HALIDE_VERSION,
+            "halide": importlib.metadata.version("halide"),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "tools/autotune.sh " + " ".join(self.args.command_line),
             "budget_minutes": self.args.budget_minutes,
