@@ -12,3 +12,8 @@ if (NOT DEFINED Halide_ROOT AND NOT DEFINED ENV{Halide_ROOT})
     endif ()
 endif ()
 find_package(Halide 21.0.0 EXACT REQUIRED)
+
+# Where libHalide and the autoscheduler plugins are (the installed generators' RPATH,
+# the autotuner's --plugins).
+get_target_property(halide_library Halide::Halide LOCATION)
+get_filename_component(ATTN_HALIDE_LIBRARY_DIR "${halide_library}" DIRECTORY)

@@ -16,9 +16,7 @@ install(TARGETS ${installed_targets}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT attn_cli
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT attn_development)
 # The generators, for `attn generate`; they load libHalide from where it was built against (the venv).
-get_target_property(halide_library Halide::Halide LOCATION)
-get_filename_component(halide_library_dir "${halide_library}" DIRECTORY)
-set_target_properties(attn_generators PROPERTIES INSTALL_RPATH "${halide_library_dir}")
+set_target_properties(attn_generators PROPERTIES INSTALL_RPATH "${ATTN_HALIDE_LIBRARY_DIR}")
 install(TARGETS attn_generators RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/attn COMPONENT attn_cli)
 install(DIRECTORY runtime/include/attn DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT attn_development)
 install(EXPORT attnTargets

@@ -8,6 +8,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tools/setup.sh
 cmake --preset release >/dev/null
 cmake --build --preset release --target attn_generators attn_bench
-plugins="$(python3 -c 'import halide, os; print(os.path.join(halide.install_dir(), "lib64"))')"
+plugins="$(halide_library_dir)"
 python3 tools/autotune.py --generator build/release/attn_generators --bench build/release/bench/attn_bench \
   --plugins "$plugins" "$@"

@@ -8,5 +8,5 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tools/setup.sh
 cmake --preset release >/dev/null
 cmake --build --preset release --target attn_generators
-plugins="$(python3 -c 'import halide, os; print(os.path.join(halide.install_dir(), "lib64"))')"
+plugins="$(halide_library_dir)"
 python3 tools/freeze_schedules.py --generator build/release/attn_generators --plugins "$plugins" "$@"

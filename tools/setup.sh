@@ -36,3 +36,6 @@ ensure_venv() {
 venv="$repo_root/.venv"
 ensure_venv "$venv" "$repo_root/tools/requirements.txt"
 export PATH="$venv/bin:$PATH"
+
+# Where libHalide and its autoscheduler plugins are, in the venv.
+halide_library_dir() { python3 -c 'import halide, os; print(os.path.join(halide.install_dir(), "lib64"))'; }
