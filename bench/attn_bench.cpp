@@ -288,7 +288,6 @@ VariantInfo load_candidate(const std::string &spec) {
     info.schedule = "candidate";
     info.isa = spec.substr(last + 1);
     info.target = library;
-    info.device = "cpu";
     return detail::register_variant(info, k);
 }
 

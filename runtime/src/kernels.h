@@ -37,7 +37,9 @@ const Kernels &runnable_kernels(const VariantInfo &variant);
 // candidates, dlopen'ed by attn_tune_probe). A null kernel is a function it lacks:
 // calling it fails like a pipeline would, with attn::Error("halide", "... does not
 // provide this function").
-// select_variant(info.name) finds it; variants() keeps listing the compiled ones only.
+// Of `info`, the name, schedule, ISA and target are kept; whether it runs here is
+// derived from the ISA, as for the compiled ones. select_variant(info.name) finds it;
+// variants() keeps listing the compiled ones only.
 // Not thread-safe: register before any other thread uses the library.
 const VariantInfo &register_variant(VariantInfo info, Kernels kernels);
 

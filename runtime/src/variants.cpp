@@ -12,6 +12,7 @@ namespace {
 struct Entry {
     VariantInfo info;
     detail::Kernels kernels;
+    bool registered = false;  // by detail::register_variant, not compiled in
 };
 
 Entry make_entry(const char *schedule, const char *isa, const char *target, detail::Kernels kernels) {
@@ -55,14 +56,14 @@ std::string variant_names() {
     return names;
 }
 
-const std::size_t compiled_variant_count = entries().size();
-
 }  // namespace
 
 const std::vector<VariantInfo> &variants() {
     static const std::vector<VariantInfo> infos = [] {
         std::vector<VariantInfo> v;
-        for (std::size_t i = 0; i < compiled_variant_count; ++i) v.push_back(entries()[i].info);
+        for (const Entry &e : entries()) {
+            if (!e.registered) v.push_back(e.info);
+        }
         return v;
     }();
     return infos;
@@ -83,8 +84,8 @@ const VariantInfo &select_variant(const std::string &name) {
         if (!v.runnable) throw Error("variant", "'" + name + "' cannot run here: " + v.not_runnable_reason);
         return v;
     }
-    for (std::size_t i = compiled_variant_count; i < entries().size(); ++i) {
-        if (entries()[i].info.name == name) return entries()[i].info;
+    for (const Entry &e : entries()) {
+        if (e.registered && e.info.name == name) return e.info;
     }
     throw Error("variant", "expected one of {" + variant_names() + "}, got '" + name + "'");
 }
@@ -130,10 +131,10 @@ const VariantInfo &register_variant(VariantInfo info, Kernels kernels) {
     for (const Entry &e : entries()) {
         if (e.info.name == info.name) throw Error("variant", "'" + info.name + "' is already registered");
     }
-    std::string missing;
-    info.runnable = cpu_supports(info.isa, &missing);
-    info.not_runnable_reason = missing;
-    entries().push_back({std::move(info), kernels});
+    Entry entry = make_entry(info.schedule.c_str(), info.isa.c_str(), info.target.c_str(), kernels);
+    entry.info.name = info.name;
+    entry.registered = true;
+    entries().push_back(std::move(entry));
     return entries().back().info;
 }
 
