@@ -12,12 +12,15 @@ namespace attn::cli {
 using namespace attn::testing;
 namespace {
 
-constexpr const char *kDefaultProblem = "b1_s128_h768_n12_pad";
+// The main job's problem: BERT-base (B=1, S=128, H=768, 12 heads) with a padding mask.
+Problem default_problem() {
+    Problem bert_base;
+    bert_base.mask = Mask::padding;
+    return bert_base;
+}
 
 Problem find_problem(const std::string &name) {
-    Problem bert_base;  // B=1, S=128, H=768, 12 heads
-    bert_base.mask = Mask::padding;
-    if (name.empty() || name == bert_base.name()) return bert_base;
+    if (name.empty() || name == default_problem().name()) return default_problem();
     for (const ListedProblem &listed : problem_list()) {
         if (listed.problem.name() == name) return listed.problem;
     }
@@ -27,7 +30,7 @@ Problem find_problem(const std::string &name) {
 }  // namespace
 
 std::string benchmark_problem_names() {
-    std::string names = kDefaultProblem;
+    std::string names = default_problem().name();
     for (const ListedProblem &listed : problem_list()) names += ", " + listed.problem.name();
     return names;
 }
