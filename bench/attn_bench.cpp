@@ -18,6 +18,8 @@
 #include "openblas_peers.h"
 #include "peak_memory.h"
 
+#include <HalideBuffer.h>
+#include <HalideRuntimeCuda.h>
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
@@ -130,6 +132,46 @@ std::vector<T> stage_reference(const std::string &name, const Fixture &f, const 
     return reference::output_layernorm<T>(c, sizes, x, x, w);
 }
 
+// Where a benchmark's tensors live. A CUDA variant is timed as a GPU user runs it:
+// inputs copied to the device once, outputs left there, attn::synchronize() inside the
+// timed loop. Everything else reads and writes host memory.
+class Placement {
+public:
+    explicit Placement(const VariantInfo &variant) : on_device_(variant.device == "cuda") {}
+
+    // A read-only view of `host` (or of its device copy) for an input; out() for an output.
+    template <typename T>
+    TensorView<const T> in(std::vector<T> &host, Shape shape) {
+        return {put(host), host.size(), std::move(shape), memory()};
+    }
+    template <typename T>
+    TensorView<T> out(std::vector<T> &host, Shape shape) {
+        return {put(host), host.size(), std::move(shape), memory()};
+    }
+    // Copies every placed tensor back to its host vector (outputs, to check them).
+    void copy_to_host() {
+        for (auto &[owner, raw] : placed_) {
+            raw->set_device_dirty(true);
+            if (halide_copy_to_host(nullptr, raw) != 0) throw Error("bench", "copy to the host failed");
+        }
+    }
+
+private:
+    Memory memory() const { return on_device_ ? Memory::device : Memory::host; }
+    template <typename T>
+    T *put(std::vector<T> &host) {
+        if (!on_device_) return host.data();
+        auto buffer = std::make_shared<Halide::Runtime::Buffer<T>>(host.data(), int(host.size()));
+        buffer->set_host_dirty();
+        if (buffer->copy_to_device(halide_cuda_device_interface()) != 0) throw Error("bench", "copy to the device failed");
+        placed_.push_back({buffer, buffer->raw_buffer()});
+        return reinterpret_cast<T *>(static_cast<uintptr_t>(buffer->raw_buffer()->device));
+    }
+
+    bool on_device_;
+    std::vector<std::pair<std::shared_ptr<void>, halide_buffer_t *>> placed_;  // each buffer, kept alive
+};
+
 // Applies the accuracy rule when there is a reference (`exact` not empty); false (and
 // the benchmark marked as an error) when the output is wrong.
 bool output_is_correct(benchmark::State &state, const float *actual, const std::vector<double> &exact,
@@ -146,11 +188,21 @@ void fused_layer(benchmark::State &state, const VariantInfo &variant, const List
     const Fixture &f = fixture(lp);
     const Problem &p = lp.problem;
     Attention layer(p.config(), f.data.weights(), variant.name);
-    std::vector<float> y(f.data.x.size());
-    auto y_view = view(y, {p.batch, p.s_q, p.hidden});
-    layer.forward(f.data.inputs(), y_view);
+    Placement place(variant);
+    std::vector<float> x = f.data.x, y(f.data.x.size());
+    std::vector<uint8_t> mask = f.data.mask;
+    AttentionInputs inputs = f.data.inputs();
+    inputs.x = place.in(x, {p.batch, p.s_q, p.hidden});
+    if (!mask.empty()) inputs.key_padding_mask = place.in(mask, {p.batch, p.s_k});
+    MutableTensor y_view = place.out(y, {p.batch, p.s_q, p.hidden});
+    layer.forward(inputs, y_view);
+    layer.synchronize();
+    place.copy_to_host();
     if (!output_is_correct(state, y.data(), f.exact_y, f.float32_y, variant.name)) return;
-    for (auto _ : state) layer.forward(f.data.inputs(), y_view);
+    for (auto _ : state) {
+        layer.forward(inputs, y_view);
+        layer.synchronize();
+    }
     set_counters(state, work("self_attention", p));
 }
 
@@ -160,33 +212,45 @@ void stage(benchmark::State &state, const std::string &name, const VariantInfo &
     const Problem &p = lp.problem;
     const Config c = p.config();
     const LayerWeights w = f.data.weights();
-    const Shape bsh{p.batch, p.s_q, p.hidden}, scores{p.batch, p.heads, p.s_q, p.s_k};
-    const MaskTensor mask = f.data.inputs().key_padding_mask;
-    std::vector<float> &x = f.data.x;
-    std::vector<float> out(std::max(f.scores.size(), x.size())), k(x.size()), v(x.size());
+    const Shape bsh{p.batch, p.s_q, p.hidden}, sc{p.batch, p.heads, p.s_q, p.s_k};
+    std::vector<float> x = f.data.x, scores = f.scores, probs = f.probs;
+    std::vector<uint8_t> mask_data = f.data.mask;
+    std::vector<float> k(x.size()), v(x.size());
+    Placement place(variant);
+    const ConstTensor x_in = place.in(x, bsh);
+    const MaskTensor mask =
+        mask_data.empty() ? MaskTensor{} : place.in(mask_data, {p.batch, p.s_k});
+    ConstTensor scores_in, probs_in;
+    if (name == "masked_softmax") scores_in = place.in(scores, sc);
+    if (name == "weighted_sum") probs_in = place.in(probs, sc);
+    const bool scores_out = name == "attention_scores" || name == "masked_softmax";
+    std::vector<float> out(scores_out ? f.scores.size() : x.size());
+    const MutableTensor out_view = place.out(out, scores_out ? sc : bsh);
+    MutableTensor k_view, v_view;
+    if (name == "qkv_projection") k_view = place.out(k, bsh), v_view = place.out(v, bsh);
     auto run = [&] {
         if (name == "qkv_projection") {
-            stages::qkv_projection(variant, c, view(x, bsh), view(x, bsh), w, view(out, bsh), view(k, bsh),
-                                   view(v, bsh));
+            stages::qkv_projection(variant, c, x_in, x_in, w, out_view, k_view, v_view);
         } else if (name == "attention_scores") {
-            stages::attention_scores(variant, c, view(x, bsh), view(x, bsh), {}, view(out, scores));
+            stages::attention_scores(variant, c, x_in, x_in, {}, out_view);
         } else if (name == "masked_softmax") {
-            stages::masked_softmax(variant, c, view(f.scores, scores), mask, view(out, scores));
+            stages::masked_softmax(variant, c, scores_in, mask, out_view);
         } else if (name == "weighted_sum") {
-            stages::weighted_sum(variant, c, view(f.probs, scores), view(x, bsh), view(out, bsh));
+            stages::weighted_sum(variant, c, probs_in, x_in, out_view);
         } else {
-            stages::output_layernorm(variant, c, view(x, bsh), view(x, bsh), w, view(out, bsh));
+            stages::output_layernorm(variant, c, x_in, x_in, w, out_view);
         }
+        synchronize(variant);
     };
     run();
+    place.copy_to_host();
     if (lp.reference_checked) {
         auto &[exact, plain] = f.stage_reference[name];  // Fixture is shared; benchmarks run one at a time
         if (exact.empty()) {
             exact = stage_reference<double>(name, f, p);
             plain = stage_reference<float>(name, f, p);
         }
-        const std::size_t out_size = name == "qkv_projection" ? x.size() : exact.size();  // q, then k and v
-        std::vector<float> actual(out.begin(), out.begin() + std::ptrdiff_t(out_size));
+        std::vector<float> actual = out;  // q, then k and v
         if (name == "qkv_projection") {
             actual.insert(actual.end(), k.begin(), k.end());
             actual.insert(actual.end(), v.begin(), v.end());
@@ -229,9 +293,15 @@ void register_all(const std::vector<VariantInfo> &variant_list, bool peers) {
                                                           {"attention_scores", Gemms::attention_scores},
                                                           {"weighted_sum", Gemms::weighted_sum},
                                                           {"output_layernorm", Gemms::output_projection}};
+    // OpenCL variants run the GPU schedules on PoCL in CI, to check them; as a CPU
+    // OpenCL's timings say nothing about a GPU, they are not benchmarked.
+    std::vector<VariantInfo> timed;
+    for (const VariantInfo &v : variant_list) {
+        if (v.device != "opencl") timed.push_back(v);
+    }
     for (const ListedProblem &lp : testing::problem_list()) {
         const std::string problem = lp.problem.name();
-        for (const VariantInfo &v : variant_list) {
+        for (const VariantInfo &v : timed) {
             configure(benchmark::RegisterBenchmark(("self_attention/" + v.name + "/" + problem).c_str(), fused_layer,
                                                    v, lp));
         }
@@ -243,7 +313,7 @@ void register_all(const std::vector<VariantInfo> &variant_list, bool peers) {
         }
         if (lp.problem.s_q > kLongestStageSeq) continue;
         for (const char *name : stage_names) {
-            for (const VariantInfo &v : variant_list) {
+            for (const VariantInfo &v : timed) {
                 configure(benchmark::RegisterBenchmark((std::string(name) + "/" + v.name + "/" + problem).c_str(),
                                                        stage, std::string(name), v, lp));
             }

@@ -20,6 +20,7 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
     const Var &out = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var in_feature{"in_feature"};
     Linear l;
+    l.input = in;
     l.weight_transposed = Func{name + "_weight_t"};
     l.weight_transposed(out, in_feature) = weight(in_feature, last(out, features));
     l.k = RDom(0, features, name + "_k");
@@ -41,6 +42,7 @@ Func split_heads(const std::string &name, Func tensor, Expr head_dim) {
 Scores scaled_scores(Func q_heads, Func k_heads, Func bias, Expr head_dim, Expr s_q, Expr s_k) {
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch, &e = dims.head_dim;
     Scores s;
+    s.query_heads = q_heads;
     s.key_transposed = Func{"key_transposed"};
     s.key_transposed(j, e, h, b) = k_heads(e, h, last(j, s_k), b);
     s.e = RDom(0, head_dim, "e");
@@ -78,6 +80,8 @@ MaskedSoftmax masked_softmax(Func scores, Func key_padding_mask, Expr causal, Ex
 WeightedSum weighted_sum(Func probs, Func v_heads, Expr head_dim, Expr s_q, Expr s_k) {
     const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch;
     WeightedSum w;
+    w.probs = probs;
+    w.values = v_heads;
     w.j = RDom(0, s_k, "context_j");
     w.ctx_sum = Func{"ctx_sum"};
     w.ctx_sum(e, h, i, b) = 0.0f;
@@ -93,6 +97,7 @@ OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var in_feature{"in_feature"};
     OutputLayerNorm n;
+    n.context_heads = ctx_heads;
     n.weight_transposed = Func{"w_o_t"};
     n.weight_transposed(o, in_feature) = w_o(in_feature, last(o, hidden));
     n.in_feature = RDom(0, head_dim, 0, heads, "in_feature");

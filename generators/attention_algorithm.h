@@ -33,6 +33,7 @@ struct Dims {
 // y = x · Wᵀ + b with nn.Linear's weight [out, in]: out(o, s, b) = bias(o) + Σ_k in(k, s, b) · weight(k, o).
 // Square weights (H × H), `tokens` rows of `in` per batch.
 struct Linear {
+    Halide::Func input;              // (in, seq, batch): what is projected
     Halide::Func weight_transposed;  // (out, in): lets a schedule vectorize over output features
     Halide::Func product;            // (out, seq, batch): Σ_k in · Wᵀ, the GEMM
     Halide::Func out;                // (out, seq, batch): product + bias
@@ -46,6 +47,7 @@ Halide::Func split_heads(const std::string &name, Halide::Func tensor, Halide::E
 
 // scores(j, i, h, b) = Q[b,i,h,:]·K[b,j,h,:] / √d + bias(j, i, h, b)
 struct Scores {
+    Halide::Func query_heads;     // (head_dim, head, query, batch): Q's head view
     Halide::Func key_transposed;  // (key, head_dim, head, batch): K with keys innermost
     Halide::Func dot;             // unscaled Q·Kᵀ
     Halide::Func scores;
@@ -70,6 +72,8 @@ MaskedSoftmax masked_softmax(Halide::Func scores, Halide::Func key_padding_mask,
 
 // ctx(e, h, i, b) = Σ_j probs(j, i, h, b) · V[b, j, h, e]
 struct WeightedSum {
+    Halide::Func probs;    // (key, query, head, batch): what weights the values
+    Halide::Func values;   // (head_dim, head, key, batch): V's head view
     Halide::Func ctx_sum;  // (head_dim, head, query, batch): the reduction over keys
     Halide::Func ctx;      // (head_dim, head, query, batch): its result
     Halide::RDom j;
@@ -79,6 +83,7 @@ WeightedSum weighted_sum(Halide::Func probs, Halide::Func v_heads, Halide::Expr 
 
 // y = LayerNorm(x + ctx · W_oᵀ + b_o), population variance, eps inside the root.
 struct OutputLayerNorm {
+    Halide::Func context_heads;      // (head_dim, head, seq, batch): what is projected
     Halide::Func weight_transposed;  // W_o as (out, in)
     Halide::Func projection;         // (hidden, seq, batch): ctx · W_oᵀ, the GEMM
     Halide::Func dense;              // (hidden, seq, batch): residual + projection + bias

@@ -3,7 +3,6 @@
 //   cross_attention=false: self-attention, keys and values from x.
 //   cross_attention=true:  adds the input kv; keys and values come from it (S_k != S_q).
 //   output_probs=true:     adds the output probs, the attention probabilities.
-#include "../schedules/cpu_manual.h"
 #include "stage_generator.h"
 
 namespace attn_gen {
@@ -56,13 +55,14 @@ public:
         y = layer_.output.y;
         if (probs) *probs = layer_.softmax.probs;
 
-        const Region activation{{0, kEstimateHidden}, {0, kEstimateSeq}, {0, kEstimateBatch}};
-        const Region score{{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, kEstimateBatch}};
+        const int batch = estimate_batch();
+        const Region activation{{0, kEstimateHidden}, {0, kEstimateSeq}, {0, batch}};
+        const Region score{{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, batch}};
         x.set_estimates(activation);
         if (kv) kv->set_estimates(activation);
         for (auto *w : {&w_q, &w_k, &w_v, &w_o}) w->set_estimates({{0, kEstimateHidden}, {0, kEstimateHidden}});
         for (auto *p : {&b_q, &b_k, &b_v, &b_o, &gamma, &beta}) p->set_estimates({{0, kEstimateHidden}});
-        key_padding_mask.set_estimates({{0, kEstimateSeq}, {0, kEstimateBatch}});
+        key_padding_mask.set_estimates({{0, kEstimateSeq}, {0, batch}});
         bias.set_estimates(score);
         causal.set_estimate(false);
         heads.set_estimate(kEstimateHeads);
@@ -74,6 +74,8 @@ public:
     void schedule_manual_cpu() {
         attn_sched::schedule_attention_layer_cpu(layer_, output_probs, this->tiling(), get_target());
     }
+
+    void schedule_manual_gpu() { attn_sched::schedule_attention_layer_gpu(layer_, output_probs); }
 
 private:
     AttentionLayer layer_;

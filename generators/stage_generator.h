@@ -4,6 +4,7 @@
 #pragma once
 
 #include "../schedules/cpu_manual.h"
+#include "../schedules/gpu_manual.h"
 #include "../schedules/schedule_source.h"
 #include "attention_algorithm.h"
 
@@ -11,11 +12,14 @@
 
 namespace attn_gen {
 
-// Estimates: a BERT-base layer (H = 768, 12 heads, S = 128, B = 1).
+// Estimates: a BERT-base layer (H = 768, 12 heads, S = 128), one sequence on a CPU and
+// a batch of 8 on a GPU (a GPU needs the batch to fill its SMs; and Halide 21's
+// Mullapudi2016 GPU schedule fails on a dimension of extent 1).
 constexpr int kEstimateHidden = 768;
 constexpr int kEstimateHeads = 12;
 constexpr int kEstimateSeq = 128;
-constexpr int kEstimateBatch = 1;
+constexpr int kEstimateBatchCpu = 1;
+constexpr int kEstimateBatchGpu = 8;
 
 template <typename T>
 class StageGenerator : public Halide::Generator<T> {
@@ -31,6 +35,10 @@ public:
         return {int(tile_rows), int(tile_vectors), int(query_block), int(context_vectors)};
     }
 
+    int estimate_batch() const {
+        return this->get_target().has_gpu_feature() ? kEstimateBatchGpu : kEstimateBatchCpu;
+    }
+
     void schedule() {
         if (this->using_autoscheduler()) return;
         T &self = *static_cast<T *>(this);
@@ -40,7 +48,7 @@ public:
             self.schedule_manual_cpu();
             break;
         case attn_sched::ScheduleKind::manual_gpu:
-            throw Halide::CompileError("No hand-written GPU schedule for " + name + " yet.");
+            self.schedule_manual_gpu();
             break;
         case attn_sched::ScheduleKind::frozen:
             attn_sched::apply_frozen_schedule(name, schedule_source, this->get_pipeline(),

@@ -1,7 +1,6 @@
 // One generator per stage of the layer, each the algorithm of attention_algorithm.h
 // applied to buffers. Comments give each buffer's Halide dimension order (innermost
 // first) and the PyTorch shape it is a view of.
-#include "../schedules/cpu_manual.h"
 #include "stage_generator.h"
 
 namespace attn_gen {
@@ -10,15 +9,11 @@ using namespace Halide;
 
 namespace {
 
-void estimate_activation(GeneratorInput<Buffer<float, 3>> &buffer) {
-    buffer.set_estimates({{0, kEstimateHidden}, {0, kEstimateSeq}, {0, kEstimateBatch}});
+template <typename Buffer3>
+void estimate_activation(Buffer3 &buffer, int batch) {
+    buffer.set_estimates({{0, kEstimateHidden}, {0, kEstimateSeq}, {0, batch}});
 }
-void estimate_activation(GeneratorOutput<Buffer<float, 3>> &buffer) {
-    buffer.set_estimates({{0, kEstimateHidden}, {0, kEstimateSeq}, {0, kEstimateBatch}});
-}
-Region score_estimate() {
-    return {{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, kEstimateBatch}};
-}
+Region score_estimate(int batch) { return {{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, batch}}; }
 
 }  // namespace
 
@@ -44,18 +39,20 @@ public:
         k = k_.out;
         v = v_.out;
 
-        estimate_activation(x_q);
-        estimate_activation(x_kv);
+        estimate_activation(x_q, estimate_batch());
+        estimate_activation(x_kv, estimate_batch());
         for (auto *w : {&w_q, &w_k, &w_v}) w->set_estimates({{0, kEstimateHidden}, {0, kEstimateHidden}});
         for (auto *b : {&b_q, &b_k, &b_v}) b->set_estimates({{0, kEstimateHidden}});
-        estimate_activation(q);
-        estimate_activation(k);
-        estimate_activation(v);
+        estimate_activation(q, estimate_batch());
+        estimate_activation(k, estimate_batch());
+        estimate_activation(v, estimate_batch());
     }
 
     void schedule_manual_cpu() {
         attn_sched::schedule_qkv_projection_cpu(q_, k_, v_, this->tiling(), get_target());
     }
+
+    void schedule_manual_gpu() { attn_sched::schedule_qkv_projection_gpu(q_, k_, v_); }
 
 private:
     Linear q_, k_, v_;
@@ -78,16 +75,18 @@ public:
                                 bias, head_dim, q.dim(1).extent(), k.dim(1).extent());
         scores = scores_.scores;
 
-        estimate_activation(q);
-        estimate_activation(k);
-        bias.set_estimates(score_estimate());
+        estimate_activation(q, estimate_batch());
+        estimate_activation(k, estimate_batch());
+        bias.set_estimates(score_estimate(estimate_batch()));
         heads.set_estimate(kEstimateHeads);
-        scores.set_estimates(score_estimate());
+        scores.set_estimates(score_estimate(estimate_batch()));
     }
 
     void schedule_manual_cpu() {
         attn_sched::schedule_attention_scores_cpu(scores_, this->tiling(), get_target());
     }
+
+    void schedule_manual_gpu() { attn_sched::schedule_attention_scores_gpu(scores_); }
 
 private:
     Scores scores_;
@@ -108,15 +107,17 @@ public:
                                   scores.dim(0).extent());
         probs = softmax_.probs;
 
-        scores.set_estimates(score_estimate());
-        key_padding_mask.set_estimates({{0, kEstimateSeq}, {0, kEstimateBatch}});
+        scores.set_estimates(score_estimate(estimate_batch()));
+        key_padding_mask.set_estimates({{0, kEstimateSeq}, {0, estimate_batch()}});
         causal.set_estimate(false);
-        probs.set_estimates(score_estimate());
+        probs.set_estimates(score_estimate(estimate_batch()));
     }
 
     void schedule_manual_cpu() {
         attn_sched::schedule_masked_softmax_cpu(softmax_, this->tiling(), get_target());
     }
+
+    void schedule_manual_gpu() { attn_sched::schedule_masked_softmax_gpu(softmax_); }
 
 private:
     MaskedSoftmax softmax_;
@@ -139,15 +140,17 @@ public:
                                 probs.dim(0).extent());
         ctx = context_.ctx;
 
-        probs.set_estimates(score_estimate());
-        estimate_activation(v);
+        probs.set_estimates(score_estimate(estimate_batch()));
+        estimate_activation(v, estimate_batch());
         ctx.set_estimates({{0, kEstimateHidden / kEstimateHeads}, {0, kEstimateHeads}, {0, kEstimateSeq},
-                           {0, kEstimateBatch}});
+                           {0, estimate_batch()}});
     }
 
     void schedule_manual_cpu() {
         attn_sched::schedule_weighted_sum_cpu(context_, this->tiling(), get_target());
     }
+
+    void schedule_manual_gpu() { attn_sched::schedule_weighted_sum_gpu(context_); }
 
 private:
     WeightedSum context_;
@@ -172,17 +175,19 @@ public:
                                    hidden, 1, hidden, x.dim(1).extent());
         y = output_.y;
 
-        estimate_activation(ctx);
-        estimate_activation(x);
+        estimate_activation(ctx, estimate_batch());
+        estimate_activation(x, estimate_batch());
         w_o.set_estimates({{0, kEstimateHidden}, {0, kEstimateHidden}});
         for (auto *p : {&b_o, &gamma, &beta}) p->set_estimates({{0, kEstimateHidden}});
         eps.set_estimate(1e-12f);
-        estimate_activation(y);
+        estimate_activation(y, estimate_batch());
     }
 
     void schedule_manual_cpu() {
         attn_sched::schedule_output_layernorm_cpu(output_, this->tiling(), get_target());
     }
+
+    void schedule_manual_gpu() { attn_sched::schedule_output_layernorm_gpu(output_); }
 
 private:
     OutputLayerNorm output_;

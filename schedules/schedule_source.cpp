@@ -38,6 +38,8 @@ const std::vector<FrozenSchedule> &frozen_schedules() {
 // The ISA a target was built for, as named in cmake/AttnTargets.cmake.
 std::string isa_of(const Halide::Target &t) {
     using T = Halide::Target;
+    if (t.has_feature(T::CUDA)) return "cuda";
+    if (t.has_feature(T::OpenCL)) return "opencl";
     if (t.arch == T::ARM) return "arm64";
     if (t.has_feature(T::AVX512_Zen4)) return "avx512_zen4";
     if (t.has_feature(T::AVX512_Skylake)) return "avx512_skylake";
@@ -69,12 +71,16 @@ ScheduleKind schedule_kind(const std::string &generator, const std::string &sour
 
 void apply_autoscheduler(const std::string &source, Halide::Pipeline pipeline, const Halide::Target &target) {
     if (source != "li2018") throw Halide::CompileError("No in-process autoscheduler '" + source + "'.");
-    pipeline.apply_autoscheduler(target, Halide::AutoschedulerParams("Li2018", {{"parallelism", "2"}}));
+    // The dev machine's 2 cores; on a GPU, an H100 SXM's 132 SMs.
+    const std::string parallelism = target.has_gpu_feature() ? "132" : "2";
+    pipeline.apply_autoscheduler(target, Halide::AutoschedulerParams("Li2018", {{"parallelism", parallelism}}));
 }
 
 void apply_frozen_schedule(const std::string &generator, const std::string &source, Halide::Pipeline pipeline,
                            const Halide::Target &target) {
-    const std::string isa = isa_of(target);
+    // The GPU schedules are device-neutral (gpu_blocks, gpu_threads): the OpenCL
+    // variants, which run them on PoCL in CI, use the ones frozen for CUDA.
+    const std::string isa = isa_of(target) == "opencl" ? "cuda" : isa_of(target);
     const std::string path = "schedules/frozen/" + source + "/" + isa + "/" + generator + ".schedule.h";
     for (const FrozenSchedule &frozen : frozen_schedules()) {
         if (source != frozen.source || isa != frozen.isa || generator != frozen.stage) continue;

@@ -31,5 +31,20 @@ attn_variant(li2018 sse41)
 attn_variant(li2018 avx2)
 attn_variant(li2018 avx512_zen4)
 
+# GPU: every stage and the fused layer for CUDA (built here, no toolkit needed; runnable
+# where a CUDA driver and device are): the hand-written schedules
+# (schedules/gpu_manual.cpp), Anderson2021 and Mullapudi2016 (experimental GPU
+# schedule) frozen for the target, Li2018 run at build time.
+attn_variant(manual cuda)
+attn_variant(anderson2021 cuda)
+attn_variant(mullapudi2016 cuda)
+attn_variant(li2018 cuda)
+# The same GPU schedules through OpenCL: CI runs them on the CPU (PoCL), checking the
+# GPU schedules against the reference on machines without a GPU.
+attn_variant(manual opencl)
+attn_variant(anderson2021 opencl)
+attn_variant(mullapudi2016 opencl)
+attn_variant(li2018 opencl)
+
 # Cross-compiled to show the generators target other CPUs: built, not run here.
 attn_cross_variant(manual arm64)

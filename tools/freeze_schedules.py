@@ -26,17 +26,39 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 FROZEN = ROOT / "schedules" / "frozen"
 
 # Autoscheduler name, plugin, and the parameters it runs with on the 2-core CPU.
-# Adams2019's default beam (32) exhausts 24 GiB on the fused layer's pipeline, so
-# the fused layer is searched greedily (beam_size=1); the stages use the default.
+# Adams2019's default beam (32) exhausts 24 GiB on the fused layer's pipeline, and
+# Anderson2021's ran past 10 minutes and 10 GiB per function, so the fused layer is
+# searched greedily (beam_size=1); the stages use the default.
 SOURCES = {
     "mullapudi2016": ("Mullapudi2016", ["autoscheduler.parallelism=2"]),
     "adams2019": ("Adams2019", ["autoscheduler.parallelism=2"]),
+    "anderson2021": ("Anderson2021", []),
 }
+# GPU ISAs (cmake/AttnTargets.cmake) and the sources that schedule for them, with their
+# parameters: parallelism is an H100 SXM's 132 SMs. Adams2019 schedules CPUs only,
+# Anderson2021 GPUs only. (The opencl variants reuse the cuda schedules: see
+# schedules/schedule_source.cpp.)
+GPU_ISAS = {"cuda"}
+GPU_SOURCES = {
+    "mullapudi2016": ("Mullapudi2016", ["autoscheduler.experimental_gpu_schedule=1", "autoscheduler.parallelism=132"]),
+    "anderson2021": ("Anderson2021", ["autoscheduler.parallelism=132"]),
+}
+CPU_SOURCES = {"mullapudi2016", "adams2019"}
+# Anderson2021 may place a Func between GPU block loops, which Halide then rejects
+# (seen on attention_scores: "Funcs cannot be scheduled in between GPU block loops"),
+# or fail with an empty message (self_attention_probs); such a function is searched
+# again without block-level compute_at (the third of the four search_space_options:
+# compute_root, inline, block level, thread level).
+ANDERSON_RETRY = ["autoscheduler.search_space_options=1101"]
+# Functions whose default Anderson2021 schedule Halide then rejects when the frozen
+# header is applied (output_layernorm: `sum.compute_at(mean, seqi).store_at(mean, seq)`,
+# "a potential race condition"): searched with ANDERSON_RETRY from the start.
+ANDERSON_RESTRICTED = {"output_layernorm"}
 # Li2018 is not frozen: Halide 21's Li2018 emits a .schedule.h that does not compile
 # (Funcs and Vars used undeclared, e.g. `scores$1.compute_root().split(key,v1,v2,...)`),
 # so its variants run the autoscheduler at build time instead (cmake/AttnVariants.cmake).
-FUSED_EXTRA = {"adams2019": ["autoscheduler.beam_size=1"]}
-DEFAULT_ISAS = ["sse41", "avx2", "avx512_zen4"]
+FUSED_EXTRA = {"adams2019": ["autoscheduler.beam_size=1"], "anderson2021": ["autoscheduler.beam_size=1"]}
+DEFAULT_ISAS = ["sse41", "avx2", "avx512_zen4", "cuda"]
 
 
 def cmake_stages():
@@ -49,36 +71,69 @@ def cmake_stages():
     return stages
 
 
+def cmake_missing():
+    """{source or source_isa: functions not provided} (ATTN_MISSING_* in cmake/AttnVariants.cmake)."""
+    text = (ROOT / "cmake" / "AttnVariants.cmake").read_text()
+    found = dict(re.findall(r"set\(ATTN_MISSING_(\w+)\s+([^)]*)\)", text))
+    for key, names in found.items():  # one level of ${ATTN_MISSING_...} references
+        found[key] = re.sub(r"\$\{ATTN_MISSING_(\w+)\}", lambda m: found.get(m.group(1), ""), names)
+    return {key: set(names.split()) for key, names in found.items()}
+
+
 def cmake_targets():
     text = (ROOT / "cmake" / "AttnTargets.cmake").read_text()
     return dict(re.findall(r'set\(ATTN_TARGET_(\w+)\s+"([^"]+)"\)', text))
 
 
 # The algorithm's pure Vars (generators/attention_algorithm.h, Dims). Halide 21's
-# Mullapudi2016 emitter uses some of them in reorder() without declaring them; as
-# Halide identifies a Var by its name, declaring them at the top of the schedule
-# function makes the emitted schedule compile without changing what it does.
+# Mullapudi2016 emitter uses some of them in reorder() without declaring them, and its
+# GPU schedules use the Vars their tile() calls create (key_vo, key_vi, ...) undeclared
+# too. As Halide identifies a Var by its name, declaring every such Var at the top of
+# the schedule function makes the emitted schedule compile without changing what it does.
 PURE_VARS = ["hidden", "seq", "batch", "head", "head_dim", "key", "query", "in_feature"]
 MARKER = "// Declared by tools/freeze_schedules.py"
+SCHEDULING_CALL = re.compile(r"\.(?:tile|gpu|gpu_blocks|gpu_threads|reorder|compute_at|store_at|split|fuse|"
+                             r"vectorize|unroll)\(((?:[^()]|\([^()]*\))*)\)")
 
 
 def declare_pure_vars(text):
     if MARKER in text:
         return text
-    declared = set(re.findall(r"^    Var (\w+)\(", text, re.M))
+    declared = set(re.findall(r"^    (?:Var|Func) ([\w$]+)[(= ]", text, re.M))
+    declared |= set(re.findall(r"^\s*RVar ([\w$]+)[(= ]", text, re.M))
+    used = []
+    for args in SCHEDULING_CALL.findall(text):
+        args = re.sub(r"\w+::\w+", " ", args)  # TailStrategy::ShiftInwards, ...
+        used += re.findall(r"(?<![\w$])([A-Za-z_][\w$]*)", args)
     missing = [v for v in PURE_VARS if v not in declared]
+    missing += sorted({v for v in used if v not in declared and v not in PURE_VARS and v not in ("true", "false")})
     if not missing:
         return text
-    decl = f"    {MARKER} (pure Vars the emitter may use undeclared):\n"
+    decl = f"    {MARKER} (Vars the emitter may use undeclared):\n"
     decl += "".join(f'    [[maybe_unused]] Var {v}("{v}");\n' for v in missing)
     return text.replace("    using ::Halide::Var;\n", "    using ::Halide::Var;\n" + decl, 1)
 
 
+# Halide 21's Anderson2021 emitter starts the schedule function with
+# `auto pipeline = get_pipeline();`, which redeclares its parameter and does not compile.
+GET_PIPELINE = "    auto pipeline = get_pipeline();\n"
+
+
+def fix_emitted(text):
+    return declare_pure_vars(text.replace(GET_PIPELINE, ""))
+
+
+def schedules_isa(source, isa):
+    return source in (GPU_SOURCES if isa in GPU_ISAS else CPU_SOURCES)
+
+
 def freeze_one(generator_exe, plugin_dir, source, isa, target, stage):
     name, generator, params = stage
-    autoscheduler, as_params = SOURCES[source]
+    autoscheduler, as_params = (GPU_SOURCES if isa in GPU_ISAS else SOURCES)[source]
     if generator == "attention_layer":
         as_params = as_params + FUSED_EXTRA.get(source, [])
+    if source == "anderson2021" and name in ANDERSON_RESTRICTED:
+        as_params = as_params + ANDERSON_RETRY
     function = f"attn_{name}_{source}_{isa}"
     plugin = plugin_dir / f"libautoschedule_{autoscheduler.lower()}.so"
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,12 +141,13 @@ def freeze_one(generator_exe, plugin_dir, source, isa, target, stage):
                f"target={target}", f"autoscheduler={autoscheduler}", *as_params, *params]
         start = time.time()
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if result.returncode != 0 and source == "anderson2021":
+            result = subprocess.run(cmd + ANDERSON_RETRY, capture_output=True, text=True, timeout=900)
         if result.returncode != 0:
             raise RuntimeError(f"{function}: generator failed:\n{result.stderr[-2000:]}")
         out = FROZEN / source / isa / f"{name}.schedule.h"
         out.parent.mkdir(parents=True, exist_ok=True)
-        emitted = (pathlib.Path(tmp) / f"{function}.schedule.h").read_text()
-        out.write_text(declare_pure_vars(emitted))
+        out.write_text(fix_emitted((pathlib.Path(tmp) / f"{function}.schedule.h").read_text()))
     return out, time.time() - start
 
 
@@ -125,7 +181,7 @@ def main():
     args = parser.parse_args()
     if args.registry_only:
         for header in FROZEN.glob("*/*/*.schedule.h"):
-            header.write_text(declare_pure_vars(header.read_text()))
+            header.write_text(fix_emitted(header.read_text()))
         print(f"registry: {write_registry()} frozen schedules")
         return
     if not args.generator or not args.plugins:
@@ -133,7 +189,9 @@ def main():
 
     targets = cmake_targets()
     stages = [s for s in cmake_stages() if not args.stages or s[0] in args.stages]
-    work = [(src, isa, st) for src in args.sources for isa in args.isas for st in stages]
+    missing = cmake_missing()
+    work = [(src, isa, st) for src in args.sources for isa in args.isas if schedules_isa(src, isa) for st in stages
+            if st[0] not in missing.get(src, set()) | missing.get(f"{src}_{isa}", set())]
     for isa in args.isas:
         if isa not in targets:
             sys.exit(f"unknown ISA {isa}; known: {', '.join(targets)}")

@@ -118,13 +118,14 @@ def accuracy(name, actual, exact, plain):
 
 
 class Refused(Exception):
-    """An autoscheduled variant's clean refusal of a shape smaller than its tiles."""
+    """An autoscheduled variant's clean refusal: a shape smaller than its tiles, or a
+    function its autoscheduler could not schedule (ATTN_MISSING_* in cmake/AttnVariants.cmake)."""
 
 
 def run_attn(attn, *args):
     result = subprocess.run([attn, *args], capture_output=True, text=True)
     if result.returncode != 0:
-        if " is accessed at " in result.stderr:
+        if " is accessed at " in result.stderr or "does not provide this function" in result.stderr:
             raise Refused(result.stderr.strip())
         raise SystemExit(f"attn {' '.join(args)} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
     return result.stdout

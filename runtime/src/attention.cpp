@@ -121,6 +121,7 @@ Halide::Runtime::Buffer<float> head_view(const MutableTensor &t, int64_t heads) 
 struct MaskArgument {
     std::vector<uint8_t> ones;
     Halide::Runtime::Buffer<const uint8_t> buffer;
+    Memory memory = Memory::host;
 };
 void make_mask(MaskArgument &m, const MaskTensor &mask, int64_t batch, int64_t s_k) {
     if (mask.empty()) {
@@ -131,6 +132,7 @@ void make_mask(MaskArgument &m, const MaskTensor &mask, int64_t batch, int64_t s
     }
     check_tensor("key_padding_mask", mask, {batch, s_k}, "[B, S_k]");
     m.buffer = halide_view(mask);
+    m.memory = mask.memory;
 }
 
 // The additive bias as (key, query, head, batch), broadcast over batch or heads by
@@ -138,6 +140,7 @@ void make_mask(MaskArgument &m, const MaskTensor &mask, int64_t batch, int64_t s
 struct BiasArgument {
     std::vector<float> zeros;
     Halide::Runtime::Buffer<const float> buffer;
+    Memory memory = Memory::host;
 };
 void make_bias(BiasArgument &b, const ConstTensor &bias, int64_t batch, int64_t heads, int64_t s_q, int64_t s_k) {
     const int32_t sk = int32_t(s_k), sq = int32_t(s_q), h = int32_t(heads), bt = int32_t(batch);
@@ -161,30 +164,86 @@ void make_bias(BiasArgument &b, const ConstTensor &bias, int64_t batch, int64_t 
     const int32_t batch_stride = shape[0] == 1 ? 0 : int32_t(shape[1]) * sq * sk;
     halide_dimension_t dims[4] = {{0, sk, 1}, {0, sq, sk}, {0, h, head_stride}, {0, bt, batch_stride}};
     b.buffer = Halide::Runtime::Buffer<const float>(bias.data, 4, dims);
+    b.memory = bias.memory;
 }
 
-// Halide reports pipeline failures through its error handler; keep the message
-// for the exception instead of printing it.
+
+// Halide reports pipeline and driver failures through its error handler; keep the
+// message for the exception instead of printing it.
 thread_local std::string last_halide_error;
 extern "C" void capture_halide_error(void *, const char *message) { last_halide_error = message; }
 
-template <typename Call>
-void run_pipeline(const std::string &pipeline, const VariantInfo &variant, Call call) {
-    static const bool handler_installed = (halide_set_error_handler(capture_halide_error), true);
-    (void)handler_installed;
-    last_halide_error.clear();
-    const int status = call();
+void check_halide(int status, const std::string &argument, const std::string &what) {
     if (status != 0) {
-        throw Error("halide", pipeline + " (" + variant.name + ") failed with code " + std::to_string(status) +
-                                  ": " + last_halide_error);
+        throw Error(argument, what + " failed with code " + std::to_string(status) + ": " + last_halide_error);
     }
 }
 
-template <typename T>
-halide_buffer_t *raw(Halide::Runtime::Buffer<T> &b) {
-    return b.raw_buffer();
+void prepare_halide(const VariantInfo &variant) {
+    static const bool handler_installed = (halide_set_error_handler(capture_halide_error), true);
+    (void)handler_installed;
+    if (variant.device != "cpu") {
+        // Keep freed device buffers for the next call instead of returning them to the driver.
+        static const bool reuse = (halide_reuse_device_allocations(nullptr, true), true);
+        (void)reuse;
+    }
+    last_halide_error.clear();
 }
 
+// The buffers of one pipeline call, placed for the variant's device (see attention.h):
+// on a GPU, host inputs are marked for upload and CUDA device memory is wrapped in
+// place; host outputs are copied back after the call.
+class CallBuffers {
+public:
+    explicit CallBuffers(const VariantInfo &variant)
+        : variant_(variant), gpu_(detail::device_interface(variant.device)) {}
+
+    template <typename T>
+    halide_buffer_t *input(const char *name, Halide::Runtime::Buffer<T> &buffer, Memory memory) {
+        place(name, buffer, memory);
+        if (gpu_ && memory == Memory::host) buffer.set_host_dirty();
+        return buffer.raw_buffer();
+    }
+    template <typename T>
+    halide_buffer_t *output(const char *name, Halide::Runtime::Buffer<T> &buffer, Memory memory) {
+        place(name, buffer, memory);
+        if (gpu_ && memory == Memory::host) host_outputs_.push_back({name, buffer.raw_buffer()});
+        return buffer.raw_buffer();
+    }
+    // After the pipeline: results in host memory are complete on return.
+    void copy_outputs_to_host() {
+        for (auto &[name, buffer] : host_outputs_) check_halide(halide_copy_to_host(nullptr, buffer), name, "copying the result to the host");
+    }
+
+private:
+    template <typename T>
+    void place(const char *name, Halide::Runtime::Buffer<T> &buffer, Memory memory) {
+        if (memory == Memory::host) return;
+        if (variant_.device != "cuda") {
+            throw Error(name, "is CUDA device memory, but variant '" + variant_.name + "' runs on " +
+                                  (gpu_ ? variant_.device : std::string("the CPU")) +
+                                  "; pass host memory or choose a CUDA variant");
+        }
+        const auto pointer = uint64_t(reinterpret_cast<uintptr_t>(buffer.data()));
+        buffer.raw_buffer()->host = nullptr;
+        check_halide(buffer.device_wrap_native(gpu_, pointer), name, "wrapping the device pointer");
+    }
+
+    const VariantInfo &variant_;
+    const halide_device_interface_t *gpu_;
+    std::vector<std::pair<const char *, halide_buffer_t *>> host_outputs_;
+};
+
+// Runs `call` (given the CallBuffers to place its buffers with) and turns a failure into attn::Error.
+template <typename Call>
+void run_pipeline(const std::string &pipeline, const VariantInfo &variant, Call call) {
+    prepare_halide(variant);
+    CallBuffers buffers(variant);
+    check_halide(call(buffers), "halide", pipeline + " (" + variant.name + ")");
+    buffers.copy_outputs_to_host();
+}
+
+// The weights as Halide buffers.
 struct WeightViews {
     Halide::Runtime::Buffer<const float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
     explicit WeightViews(const LayerWeights &w)
@@ -195,12 +254,50 @@ struct WeightViews {
 
 }  // namespace
 
+namespace detail {
+// A GPU variant's weights, uploaded once by the Attention constructor (host memory) or
+// wrapped in place (device memory); forward() passes them as they are.
+struct DeviceWeights {
+    WeightViews views;
+    DeviceWeights(const LayerWeights &weights, const VariantInfo &variant) : views(weights) {
+        prepare_halide(variant);
+        CallBuffers place(variant);
+        const halide_device_interface_t *gpu = device_interface(variant.device);
+        auto upload = [&](const char *name, Halide::Runtime::Buffer<const float> &b, const ConstTensor &t) {
+            place.input(name, b, t.memory);
+            if (t.memory == Memory::host) check_halide(b.copy_to_device(gpu), name, "copying the weight to the device");
+        };
+        upload("w_q", views.w_q, weights.w_q);
+        upload("w_k", views.w_k, weights.w_k);
+        upload("w_v", views.w_v, weights.w_v);
+        upload("w_o", views.w_o, weights.w_o);
+        upload("b_q", views.b_q, weights.b_q);
+        upload("b_k", views.b_k, weights.b_k);
+        upload("b_v", views.b_v, weights.b_v);
+        upload("b_o", views.b_o, weights.b_o);
+        upload("gamma", views.gamma, weights.gamma);
+        upload("beta", views.beta, weights.beta);
+    }
+};
+}  // namespace detail
+
+void synchronize(const VariantInfo &variant) {
+    const halide_device_interface_t *gpu = detail::device_interface(variant.device);
+    if (!gpu) return;
+    detail::runnable_kernels(variant);  // a variant that cannot run here has nothing queued
+    prepare_halide(variant);
+    check_halide(halide_device_sync_global(nullptr, gpu), "halide", "synchronizing " + variant.name);
+}
+
 Attention::Attention(Config config, LayerWeights weights, const std::string &variant)
     : config_(config), weights_(weights), variant_(nullptr) {
     check_config(config_);
     check_weights(config_, weights_, true, true);
     variant_ = &select_variant(variant);
+    if (variant_->device != "cpu") device_weights_ = std::make_shared<detail::DeviceWeights>(weights_, *variant_);
 }
+
+void Attention::synchronize() const { attn::synchronize(*variant_); }
 
 void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTensor probs) const {
     const Kernels &kernels = detail::runnable_kernels(*variant_);
@@ -229,43 +326,65 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     make_mask(mask, in.key_padding_mask, batch, s_k);
     BiasArgument bias;
     make_bias(bias, in.bias, batch, heads, s_q, s_k);
-    WeightViews w(weights_);
+    std::unique_ptr<WeightViews> host_weights;
+    WeightViews &w = device_weights_ ? device_weights_->views : *(host_weights = std::make_unique<WeightViews>(weights_));
     auto x = halide_view(in.x);
     auto y_buf = halide_view(y);
     const bool causal = config_.causal;
     const int32_t h = int32_t(heads);
     const float eps = config_.layer_norm_eps;
+    // The arguments every variant of the layer shares, placed for the variant's device.
+    auto weight = [&](CallBuffers &c, const char *name, Halide::Runtime::Buffer<const float> &b,
+                      const ConstTensor &t) { return device_weights_ ? b.raw_buffer() : c.input(name, b, t.memory); };
     if (!cross && !want_probs) {
-        run_pipeline("self_attention", *variant_, [&] {
-            return kernels.self_attention(raw(x), raw(w.w_q), raw(w.w_k), raw(w.w_v), raw(w.w_o), raw(w.b_q),
-                                          raw(w.b_k), raw(w.b_v), raw(w.b_o), raw(w.gamma), raw(w.beta),
-                                          raw(mask.buffer), raw(bias.buffer), causal, h, eps, raw(y_buf));
+        run_pipeline("self_attention", *variant_, [&](CallBuffers &c) {
+            return kernels.self_attention(
+                c.input("x", x, in.x.memory), weight(c, "w_q", w.w_q, weights_.w_q), weight(c, "w_k", w.w_k, weights_.w_k),
+                weight(c, "w_v", w.w_v, weights_.w_v), weight(c, "w_o", w.w_o, weights_.w_o),
+                weight(c, "b_q", w.b_q, weights_.b_q), weight(c, "b_k", w.b_k, weights_.b_k),
+                weight(c, "b_v", w.b_v, weights_.b_v), weight(c, "b_o", w.b_o, weights_.b_o),
+                weight(c, "gamma", w.gamma, weights_.gamma), weight(c, "beta", w.beta, weights_.beta),
+                c.input("key_padding_mask", mask.buffer, mask.memory), c.input("bias", bias.buffer, bias.memory),
+                causal, h, eps, c.output("y", y_buf, y.memory));
         });
     } else if (!cross) {
         auto p = halide_view(probs);
-        run_pipeline("self_attention_probs", *variant_, [&] {
-            return kernels.self_attention_probs(raw(x), raw(w.w_q), raw(w.w_k), raw(w.w_v), raw(w.w_o),
-                                                raw(w.b_q), raw(w.b_k), raw(w.b_v), raw(w.b_o), raw(w.gamma),
-                                                raw(w.beta), raw(mask.buffer), raw(bias.buffer), causal, h,
-                                                eps, raw(y_buf), raw(p));
+        run_pipeline("self_attention_probs", *variant_, [&](CallBuffers &c) {
+            return kernels.self_attention_probs(
+                c.input("x", x, in.x.memory), weight(c, "w_q", w.w_q, weights_.w_q), weight(c, "w_k", w.w_k, weights_.w_k),
+                weight(c, "w_v", w.w_v, weights_.w_v), weight(c, "w_o", w.w_o, weights_.w_o),
+                weight(c, "b_q", w.b_q, weights_.b_q), weight(c, "b_k", w.b_k, weights_.b_k),
+                weight(c, "b_v", w.b_v, weights_.b_v), weight(c, "b_o", w.b_o, weights_.b_o),
+                weight(c, "gamma", w.gamma, weights_.gamma), weight(c, "beta", w.beta, weights_.beta),
+                c.input("key_padding_mask", mask.buffer, mask.memory), c.input("bias", bias.buffer, bias.memory),
+                causal, h, eps, c.output("y", y_buf, y.memory), c.output("probs", p, probs.memory));
         });
     } else {
         auto kv = halide_view(in.kv);
         if (!want_probs) {
-            run_pipeline("cross_attention", *variant_, [&] {
-                return kernels.cross_attention(raw(x), raw(w.w_q), raw(w.w_k), raw(w.w_v), raw(w.w_o),
-                                               raw(w.b_q), raw(w.b_k), raw(w.b_v), raw(w.b_o), raw(w.gamma),
-                                               raw(w.beta), raw(mask.buffer), raw(bias.buffer), causal, h,
-                                               eps, raw(kv), raw(y_buf));
+            run_pipeline("cross_attention", *variant_, [&](CallBuffers &c) {
+                return kernels.cross_attention(
+                    c.input("x", x, in.x.memory), weight(c, "w_q", w.w_q, weights_.w_q),
+                    weight(c, "w_k", w.w_k, weights_.w_k), weight(c, "w_v", w.w_v, weights_.w_v),
+                    weight(c, "w_o", w.w_o, weights_.w_o), weight(c, "b_q", w.b_q, weights_.b_q),
+                    weight(c, "b_k", w.b_k, weights_.b_k), weight(c, "b_v", w.b_v, weights_.b_v),
+                    weight(c, "b_o", w.b_o, weights_.b_o), weight(c, "gamma", w.gamma, weights_.gamma),
+                    weight(c, "beta", w.beta, weights_.beta), c.input("key_padding_mask", mask.buffer, mask.memory),
+                    c.input("bias", bias.buffer, bias.memory), causal, h, eps, c.input("kv", kv, in.kv.memory),
+                    c.output("y", y_buf, y.memory));
             });
         } else {
             auto p = halide_view(probs);
-            run_pipeline("cross_attention_probs", *variant_, [&] {
-                return kernels.cross_attention_probs(raw(x), raw(w.w_q), raw(w.w_k), raw(w.w_v), raw(w.w_o),
-                                                     raw(w.b_q), raw(w.b_k), raw(w.b_v), raw(w.b_o),
-                                                     raw(w.gamma), raw(w.beta), raw(mask.buffer),
-                                                     raw(bias.buffer), causal, h, eps, raw(kv), raw(y_buf),
-                                                     raw(p));
+            run_pipeline("cross_attention_probs", *variant_, [&](CallBuffers &c) {
+                return kernels.cross_attention_probs(
+                    c.input("x", x, in.x.memory), weight(c, "w_q", w.w_q, weights_.w_q),
+                    weight(c, "w_k", w.w_k, weights_.w_k), weight(c, "w_v", w.w_v, weights_.w_v),
+                    weight(c, "w_o", w.w_o, weights_.w_o), weight(c, "b_q", w.b_q, weights_.b_q),
+                    weight(c, "b_k", w.b_k, weights_.b_k), weight(c, "b_v", w.b_v, weights_.b_v),
+                    weight(c, "b_o", w.b_o, weights_.b_o), weight(c, "gamma", w.gamma, weights_.gamma),
+                    weight(c, "beta", w.beta, weights_.beta), c.input("key_padding_mask", mask.buffer, mask.memory),
+                    c.input("bias", bias.buffer, bias.memory), causal, h, eps, c.input("kv", kv, in.kv.memory),
+                    c.output("y", y_buf, y.memory), c.output("probs", p, probs.memory));
             });
         }
     }
@@ -290,9 +409,13 @@ void qkv_projection(const VariantInfo &variant, const Config &config, ConstTenso
     auto w_q = halide_view(weights.w_q), w_k = halide_view(weights.w_k), w_v = halide_view(weights.w_v);
     auto b_q = halide_view(weights.b_q), b_k = halide_view(weights.b_k), b_v = halide_view(weights.b_v);
     auto q_buf = halide_view(q), k_buf = halide_view(k), v_buf = halide_view(v);
-    run_pipeline("qkv_projection", variant, [&] {
-        return kernels.qkv_projection(raw(xq_buf), raw(xkv_buf), raw(w_q), raw(w_k), raw(w_v), raw(b_q), raw(b_k),
-                                      raw(b_v), raw(q_buf), raw(k_buf), raw(v_buf));
+    run_pipeline("qkv_projection", variant, [&](CallBuffers &c) {
+        return kernels.qkv_projection(
+            c.input("x_q", xq_buf, x_q.memory), c.input("x_kv", xkv_buf, x_kv.memory),
+            c.input("w_q", w_q, weights.w_q.memory), c.input("w_k", w_k, weights.w_k.memory),
+            c.input("w_v", w_v, weights.w_v.memory), c.input("b_q", b_q, weights.b_q.memory),
+            c.input("b_k", b_k, weights.b_k.memory), c.input("b_v", b_v, weights.b_v.memory),
+            c.output("q", q_buf, q.memory), c.output("k", k_buf, k.memory), c.output("v", v_buf, v.memory));
     });
 }
 
@@ -310,8 +433,10 @@ void attention_scores(const VariantInfo &variant, const Config &config, ConstTen
     make_bias(b, bias, qs[0], heads, qs[1], s_k);
     auto q_buf = halide_view(q), k_buf = halide_view(k);
     auto s_buf = halide_view(scores);
-    run_pipeline("attention_scores", variant, [&] {
-        return kernels.attention_scores(raw(q_buf), raw(k_buf), raw(b.buffer), int32_t(heads), raw(s_buf));
+    run_pipeline("attention_scores", variant, [&](CallBuffers &c) {
+        return kernels.attention_scores(c.input("q", q_buf, q.memory), c.input("k", k_buf, k.memory),
+                                        c.input("bias", b.buffer, b.memory), int32_t(heads),
+                                        c.output("scores", s_buf, scores.memory));
     });
 }
 
@@ -327,8 +452,10 @@ void masked_softmax(const VariantInfo &variant, const Config &config, ConstTenso
     make_mask(mask, key_padding_mask, s[0], s[3]);
     auto s_buf = halide_view(scores);
     auto p_buf = halide_view(probs);
-    run_pipeline("masked_softmax", variant, [&] {
-        return kernels.masked_softmax(raw(s_buf), raw(mask.buffer), config.causal, raw(p_buf));
+    run_pipeline("masked_softmax", variant, [&](CallBuffers &c) {
+        return kernels.masked_softmax(c.input("scores", s_buf, scores.memory),
+                                      c.input("key_padding_mask", mask.buffer, mask.memory), config.causal,
+                                      c.output("probs", p_buf, probs.memory));
     });
 }
 
@@ -344,8 +471,10 @@ void weighted_sum(const VariantInfo &variant, const Config &config, ConstTensor 
     check_tensor("ctx", ctx, {p[0], p[2], hidden}, "[B, S_q, H]");
     auto p_buf = halide_view(probs), v_buf = halide_view(v);
     auto ctx_buf = head_view(ctx, heads);
-    run_pipeline("weighted_sum", variant,
-                 [&] { return kernels.weighted_sum(raw(p_buf), raw(v_buf), raw(ctx_buf)); });
+    run_pipeline("weighted_sum", variant, [&](CallBuffers &c) {
+        return kernels.weighted_sum(c.input("probs", p_buf, probs.memory), c.input("v", v_buf, v.memory),
+                                    c.output("ctx", ctx_buf, ctx.memory));
+    });
 }
 
 void output_layernorm(const VariantInfo &variant, const Config &config, ConstTensor ctx, ConstTensor x,
@@ -363,9 +492,11 @@ void output_layernorm(const VariantInfo &variant, const Config &config, ConstTen
     auto y_buf = halide_view(y);
     auto w_o = halide_view(weights.w_o), b_o = halide_view(weights.b_o);
     auto gamma = halide_view(weights.gamma), beta = halide_view(weights.beta);
-    run_pipeline("output_layernorm", variant, [&] {
-        return kernels.output_layernorm(raw(ctx_buf), raw(x_buf), raw(w_o), raw(b_o), raw(gamma), raw(beta),
-                                        config.layer_norm_eps, raw(y_buf));
+    run_pipeline("output_layernorm", variant, [&](CallBuffers &c) {
+        return kernels.output_layernorm(
+            c.input("ctx", ctx_buf, ctx.memory), c.input("x", x_buf, x.memory), c.input("w_o", w_o, weights.w_o.memory),
+            c.input("b_o", b_o, weights.b_o.memory), c.input("gamma", gamma, weights.gamma.memory),
+            c.input("beta", beta, weights.beta.memory), config.layer_norm_eps, c.output("y", y_buf, y.memory));
     });
 }
 

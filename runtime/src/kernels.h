@@ -46,4 +46,10 @@ const VariantInfo &register_variant(VariantInfo info, Kernels kernels);
 // Whether this CPU has the features the ISA's code uses; `missing` names them.
 bool cpu_supports(const std::string &isa, std::string *missing);
 
+// Whether `device` ("cpu", "cuda", "opencl") can run here: for a GPU, its driver loads
+// and reports a device; `why` says what is missing.
+bool device_available(const std::string &device, std::string *why);
+// The Halide device interface of a GPU device; null for "cpu".
+const halide_device_interface_t *device_interface(const std::string &device);
+
 }  // namespace attn::detail

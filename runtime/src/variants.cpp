@@ -9,21 +9,50 @@ namespace attn {
 
 namespace {
 
+// Stands in for a function a variant lacks (one its schedule source cannot provide,
+// see cmake/AttnVariants.cmake, or one a registered candidate does not have).
+template <typename... Args>
+int missing_function(Args...) {
+    halide_error(nullptr, "this variant does not provide this function\n");
+    return halide_error_code_generic_error;
+}
+template <typename... Args>
+void fill_missing(int (*&function)(Args...)) {
+    if (!function) function = missing_function<Args...>;
+}
+void fill_missing(detail::Kernels &k) {
+    fill_missing(k.qkv_projection);
+    fill_missing(k.attention_scores);
+    fill_missing(k.masked_softmax);
+    fill_missing(k.weighted_sum);
+    fill_missing(k.output_layernorm);
+    fill_missing(k.self_attention);
+    fill_missing(k.self_attention_probs);
+    fill_missing(k.cross_attention);
+    fill_missing(k.cross_attention_probs);
+}
+
 struct Entry {
     VariantInfo info;
     detail::Kernels kernels;
     bool registered = false;  // by detail::register_variant, not compiled in
 };
 
+// The GPU "ISAs" of cmake/AttnTargets.cmake name their device; their host part is
+// built for the x86-64 baseline.
+bool is_gpu(const std::string &isa) { return isa == "cuda" || isa == "opencl"; }
+
 Entry make_entry(const char *schedule, const char *isa, const char *target, detail::Kernels kernels) {
+    fill_missing(kernels);
     Entry e{{}, kernels};
     e.info.schedule = schedule;
     e.info.isa = isa;
     e.info.name = e.info.schedule + "_" + e.info.isa;
     e.info.target = target;
-    e.info.device = "cpu";
+    e.info.device = is_gpu(isa) ? isa : "cpu";
     std::string missing;
-    e.info.runnable = detail::cpu_supports(isa, &missing);
+    e.info.runnable = detail::cpu_supports(is_gpu(isa) ? "sse41" : isa, &missing) &&
+                      detail::device_available(e.info.device, &missing);
     e.info.not_runnable_reason = missing;
     return e;
 }
@@ -44,7 +73,8 @@ std::deque<Entry> &entries() {
     return table;
 }
 
-// Wider vectors first; the list order breaks ties (hand-written schedules come first there).
+// Wider vectors first; the list order breaks ties (autotuned, then hand-written
+// schedules come first there). GPU variants are chosen by name only.
 int isa_rank(const std::string &isa) {
     static const std::vector<std::string> order = {"sse41", "avx2", "avx512_skylake", "avx512_zen4"};
     return int(std::find(order.begin(), order.end(), isa) - order.begin());
@@ -74,7 +104,7 @@ const VariantInfo &select_variant(const std::string &name) {
     if (name.empty()) {
         const VariantInfo *best = nullptr;
         for (const VariantInfo &v : all) {
-            if (v.runnable && (!best || isa_rank(v.isa) > isa_rank(best->isa))) best = &v;
+            if (v.runnable && v.device == "cpu" && (!best || isa_rank(v.isa) > isa_rank(best->isa))) best = &v;
         }
         if (!best) throw Error("variant", "no compiled variant can run on this CPU (compiled: " + variant_names() + ")");
         return *best;
@@ -103,31 +133,7 @@ const Kernels &runnable_kernels(const VariantInfo &variant) {
     throw Error("variant", "expected one of {" + variant_names() + "}, got '" + variant.name + "'");
 }
 
-namespace {
-
-// Stands in for a function a registered variant lacks.
-template <typename... Args>
-int missing_function(Args...) {
-    halide_error(nullptr, "this variant does not provide this function\n");
-    return halide_error_code_generic_error;
-}
-template <typename... Args>
-void fill_missing(int (*&function)(Args...)) {
-    if (!function) function = missing_function<Args...>;
-}
-
-}  // namespace
-
 const VariantInfo &register_variant(VariantInfo info, Kernels kernels) {
-    fill_missing(kernels.qkv_projection);
-    fill_missing(kernels.attention_scores);
-    fill_missing(kernels.masked_softmax);
-    fill_missing(kernels.weighted_sum);
-    fill_missing(kernels.output_layernorm);
-    fill_missing(kernels.self_attention);
-    fill_missing(kernels.self_attention_probs);
-    fill_missing(kernels.cross_attention);
-    fill_missing(kernels.cross_attention_probs);
     for (const Entry &e : entries()) {
         if (e.info.name == info.name) throw Error("variant", "'" + info.name + "' is already registered");
     }

@@ -2,22 +2,25 @@
 # `attn generate` makes libraries that are ready to link:
 #  - for x86-64 (baseline), a program that references every generated function links
 #    against the archives and the runtime alone, calls masked_softmax and checks it;
+#  - the same for x86-64 with OpenCL: the hand-written GPU schedules, run on PoCL;
+#  - for CUDA, every generated function carries sm_80 PTX;
 #  - for arm-64-linux, every object in the archives is AArch64 code.
 # Usage: generate_and_link.sh ATTN CXX HALIDE_INCLUDE_DIR WORK_DIR
 set -euo pipefail
 attn="$1" cxx="$2" halide_include="$3" work="$4"
 rm -rf "$work" && mkdir -p "$work"
 
-"$attn" generate --target x86-64-linux-sse41 --schedule manual --out "$work/x86"
-suffix=manual_x86_64_linux_sse41
+link_and_check() {  # target, output folder
+  local dir="$work/$2" suffix="manual_$(echo "$1" | tr -c 'A-Za-z0-9\n' _)"
+  "$attn" generate --target "$1" --schedule manual --out "$dir"
 {
   echo '#include "HalideBuffer.h"'
-  for header in "$work"/x86/attn_*.h; do echo "#include \"$(basename "$header")\""; done
+  for header in "$dir"/attn_*.h; do echo "#include \"$(basename "$header")\""; done
   echo '#include <cmath>'
   echo '#include <cstdio>'
   echo 'int main() {'
   echo '    const void *functions[] = {'
-  for header in "$work"/x86/attn_*.h; do echo "        reinterpret_cast<const void *>(&$(basename "$header" .h)),"; done
+  for header in "$dir"/attn_*.h; do echo "        reinterpret_cast<const void *>(&$(basename "$header" .h)),"; done
   echo '    };'
   cat <<CPP
     // Softmax over 4 keys of which the last is padding, 3 queries, 2 heads.
@@ -26,7 +29,10 @@ suffix=manual_x86_64_linux_sse41
     Halide::Runtime::Buffer<uint8_t> mask(4, 1);
     mask.fill(1);
     mask(3, 0) = 0;
+    scores.set_host_dirty();  // for a GPU target: the pipeline copies them to the device
+    mask.set_host_dirty();
     if (int error = attn_masked_softmax_${suffix}(scores, mask, false, probs)) return error;
+    probs.copy_to_host();
     for (int h = 0; h < 2; ++h) {
         for (int q = 0; q < 3; ++q) {
             const double sum = probs(0, q, h, 0) + probs(1, q, h, 0) + probs(2, q, h, 0);
@@ -41,10 +47,19 @@ suffix=manual_x86_64_linux_sse41
     return 0;
 }
 CPP
-} > "$work/main.cpp"
-"$cxx" -std=c++17 -I "$work/x86" -I "$halide_include" "$work/main.cpp" "$work"/x86/attn_*_"$suffix".a \
-  "$work/x86/attn_halide_runtime.a" -lpthread -ldl -o "$work/linked"
-"$work/linked"
+} > "$dir/main.cpp"
+"$cxx" -std=c++17 -I "$dir" -I "$halide_include" "$dir/main.cpp" "$dir"/attn_*_"$suffix".a \
+  "$dir/attn_halide_runtime.a" -lpthread -ldl -o "$dir/linked"
+"$dir/linked"
+}
+link_and_check x86-64-linux-sse41 x86
+link_and_check x86-64-linux-sse41-opencl opencl
+
+"$attn" generate --target x86-64-linux-sse41-cuda-cuda_capability_80 --schedule manual --out "$work/cuda"
+for archive in "$work"/cuda/attn_*_manual_*.a; do
+  grep -aq '.target sm_80' "$archive" || { echo "$archive has no sm_80 PTX"; exit 1; }
+done
+echo "cuda: $(ls "$work"/cuda/attn_*_manual_*.a | wc -l) libraries, each with sm_80 PTX"
 
 "$attn" generate --target arm-64-linux --schedule manual --out "$work/arm64"
 mkdir -p "$work/arm64/objects"

@@ -1,13 +1,22 @@
 // attn: BERT-style multi-head self-attention, compiled ahead of time with Halide.
 //
 // Tensors are views over the caller's memory in PyTorch's contiguous row-major
-// order (shapes below are PyTorch shapes); nothing is copied. Every entry point
-// validates its arguments first and reports a problem by throwing attn::Error,
+// order (shapes below are PyTorch shapes); a CPU variant copies nothing. Every entry
+// point validates its arguments first and reports a problem by throwing attn::Error,
 // whose message names the argument, the expected and the actual value.
+//
+// GPU variants (device "cuda"; "opencl" runs the same schedules on any OpenCL device)
+// take host memory, which they copy to the device and back, results ready on return;
+// or CUDA device memory the caller owns (attn::device_view, a CUdeviceptr of the
+// device's primary context, as cudaMalloc and PyTorch give), used in place: the call
+// then returns once the kernels are queued, and attn::synchronize() waits for them
+// before the results are read. Driver failures come back as attn::Error("halide")
+// carrying the driver's message.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -30,6 +39,9 @@ private:
 
 using Shape = std::vector<int64_t>;
 
+// Where a tensor's elements are: host memory, or CUDA device memory (a CUdeviceptr).
+enum class Memory { host, device };
+
 // `size` is the number of elements available at `data`: a view whose shape needs
 // more is rejected rather than read or written out of bounds.
 template <typename T>
@@ -37,12 +49,15 @@ struct TensorView {
     T *data = nullptr;
     std::size_t size = 0;
     Shape shape;
+    Memory memory = Memory::host;
 
     TensorView() = default;
-    TensorView(T *data_, std::size_t size_, Shape shape_) : data(data_), size(size_), shape(std::move(shape_)) {}
+    TensorView(T *data_, std::size_t size_, Shape shape_, Memory memory_ = Memory::host)
+        : data(data_), size(size_), shape(std::move(shape_)), memory(memory_) {}
     // A mutable view converts to a read-only one.
     template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T> && !std::is_const_v<U>>>
-    TensorView(const TensorView<U> &other) : data(other.data), size(other.size), shape(other.shape) {}
+    TensorView(const TensorView<U> &other)
+        : data(other.data), size(other.size), shape(other.shape), memory(other.memory) {}
 
     bool empty() const { return data == nullptr && size == 0 && shape.empty(); }
 };
@@ -54,6 +69,12 @@ using MaskTensor = TensorView<const uint8_t>;  // 1 = real token, 0 = padding
 template <typename Container>
 auto view(Container &c, Shape shape) -> TensorView<std::remove_reference_t<decltype(*c.data())>> {
     return {c.data(), c.size(), std::move(shape)};
+}
+
+// A view of CUDA device memory: `device_pointer` is a CUdeviceptr holding `size` elements.
+template <typename T>
+TensorView<T> device_view(uint64_t device_pointer, std::size_t size, Shape shape) {
+    return {reinterpret_cast<T *>(static_cast<uintptr_t>(device_pointer)), size, std::move(shape), Memory::device};
 }
 
 struct Config {
@@ -81,27 +102,39 @@ struct AttentionInputs {
 struct VariantInfo {
     std::string name;      // "<schedule>_<isa>", e.g. "manual_avx2"
     std::string schedule;  // schedule source: manual, mullapudi2016, adams2019, li2018, autotuned
-    std::string isa;       // sse41, avx2, avx512_zen4, ...
+    std::string isa;       // sse41, avx2, avx512_zen4, ...; cuda and opencl for GPU variants
     std::string target;    // the Halide target it was compiled for
-    std::string device;    // "cpu"
+    std::string device;    // "cpu", "cuda" or "opencl"
     bool runnable = false;   // this machine can run it
     std::string not_runnable_reason;  // why not, when it cannot
 };
 
 // Every compiled variant, in the order of schedules/variants.cmake.
 const std::vector<VariantInfo> &variants();
-// The variant to use on this machine: the widest ISA it can run (hand-written
-// schedule first among equals). `name` empty selects it; otherwise the named one,
-// which must exist and be runnable here.
+// The variant to use on this machine: the widest CPU ISA it can run (autotuned, then
+// hand-written schedule first among equals). `name` empty selects it; otherwise the
+// named one (GPU variants are chosen by name), which must exist and be runnable here.
 const VariantInfo &select_variant(const std::string &name = "");
 
+// Waits until the GPU work queued by the variant's calls has finished (a call given
+// device memory returns before that); nothing to wait for on a CPU variant.
+void synchronize(const VariantInfo &variant);
+
 // One attention layer: validated weights bound to a variant.
+namespace detail {
+struct DeviceWeights;
+}
+
 class Attention {
 public:
+    // A GPU variant copies host-memory weights to the device here, once.
     Attention(Config config, LayerWeights weights, const std::string &variant = "");
 
     // y [B, S_q, H]. `probs`, if given, receives [B, heads, S_q, S_k].
     void forward(const AttentionInputs &inputs, MutableTensor y, MutableTensor probs = {}) const;
+
+    // Waits for this layer's queued GPU work (see attn::synchronize).
+    void synchronize() const;
 
     const Config &config() const { return config_; }
     const VariantInfo &variant() const { return *variant_; }
@@ -110,6 +143,7 @@ private:
     Config config_;
     LayerWeights weights_;
     const VariantInfo *variant_;
+    std::shared_ptr<detail::DeviceWeights> device_weights_;  // GPU variants: the weights on the device
 };
 
 // The stages of the layer, each its own AOT pipeline; shapes as in DESIGN.md.

@@ -1,0 +1,33 @@
+// Hand-written GPU schedules, one per generator. Written against Halide's
+// device-neutral GPU loops (gpu_blocks, gpu_threads, GPUShared memory), so the same
+// schedule compiles for CUDA (the shipped variants) and for OpenCL (run on the CPU by
+// PoCL in CI, where there is no GPU).
+//
+// - GEMM-shaped reductions (the projections, Q·Kᵀ, probs·V): a block computes a tile
+//   of the output, each thread a register-sized sub-tile; the reduction runs in chunks
+//   whose operand tiles are staged in shared memory by coalesced loads, then reused by
+//   every thread of the block.
+// - Row reductions (softmax max and sum, LayerNorm mean and variance): one warp of 32
+//   lanes per row, each lane reducing a strided slice (coalesced reads), the 32 partials
+//   combined in shared memory.
+// - The fused layer's attention core is flash-style: per block of query rows, the
+//   scores are recomputed from Q and K in each of the three passes (row max, row sum,
+//   probs·V) with K and V staged per key chunk, so no S×S buffer exists in global
+//   memory and memory stays O(S).
+//
+// Not verified on an NVIDIA GPU yet (see README: GPU variants); correctness is checked
+// on OpenCL in CI.
+#pragma once
+
+#include "../generators/attention_algorithm.h"
+
+namespace attn_sched {
+
+void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v);
+void schedule_attention_scores_gpu(attn_gen::Scores scores);
+void schedule_masked_softmax_gpu(attn_gen::MaskedSoftmax softmax);
+void schedule_weighted_sum_gpu(attn_gen::WeightedSum context);
+void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm output);
+void schedule_attention_layer_gpu(attn_gen::AttentionLayer layer, bool probs_are_output);
+
+}  // namespace attn_sched

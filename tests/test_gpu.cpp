@@ -1,0 +1,139 @@
+// What only GPU variants do: run only where their device is, take device memory in
+// place (CUDA) and synchronize, keep the weights on the device between calls. Their
+// results against the reference are checked with every other variant's (test_layer,
+// test_stages, test_properties); here, on the OpenCL variants (PoCL in CI) and, where
+// a CUDA device is present, on the CUDA variants with device memory.
+#include "support/variant_param.h"
+
+#include <HalideBuffer.h>
+#include <HalideRuntimeCuda.h>
+
+#include <memory>
+#include <set>
+
+namespace attn::testing {
+namespace {
+
+Problem small_gpu_problem() {
+    Problem p;
+    p.batch = 2, p.s_q = p.s_k = 37, p.hidden = 64, p.heads = 4, p.mask = Mask::padding;
+    return p;
+}
+
+std::vector<VariantInfo> gpu_variants(const std::string &device) {
+    std::vector<VariantInfo> found;
+    for (const VariantInfo &v : variants()) {
+        if (v.device == device) found.push_back(v);
+    }
+    return found;
+}
+
+TEST(Gpu, VariantsOfEveryKindAreListedForCudaAndOpenCL) {
+    for (const std::string device : {"cuda", "opencl"}) {
+        std::set<std::string> schedules;
+        for (const VariantInfo &v : gpu_variants(device)) schedules.insert(v.schedule);
+        EXPECT_EQ(schedules, (std::set<std::string>{"manual", "anderson2021", "mullapudi2016", "li2018"})) << device;
+    }
+}
+
+TEST(Gpu, RunnableOnlyWithADriverAndADevice) {
+    for (const VariantInfo &v : variants()) {
+        if (v.device == "cpu") continue;
+        if (!v.runnable) {
+            EXPECT_FALSE(v.not_runnable_reason.empty()) << v.name;
+            std::cout << "[   INFO   ] " << v.name << " does not run here: " << v.not_runnable_reason << "\n";
+        }
+    }
+}
+
+TEST(Gpu, NotChosenUnlessNamed) { EXPECT_EQ(select_variant().device, "cpu"); }
+
+TEST(Gpu, DeviceMemoryNeedsACudaVariant) {
+    const LayerData data(small_gpu_problem());
+    const Problem &p = data.problem;
+    std::vector<const VariantInfo *> candidates{&select_variant()};
+    for (const VariantInfo &v : variants()) {
+        if (v.device == "opencl" && v.runnable) candidates.push_back(&v);
+    }
+    for (const VariantInfo *v : candidates) {
+        Attention layer(p.config(), data.weights(), v->name);
+        AttentionInputs in = data.inputs();
+        in.x = device_view<const float>(0x1000, data.x.size(), {p.batch, p.s_q, p.hidden});
+        GuardedOutput y({p.batch, p.s_q, p.hidden});
+        try {
+            layer.forward(in, y.view());
+            ADD_FAILURE() << v->name << " accepted device memory";
+        } catch (const Error &e) {
+            EXPECT_EQ(e.argument(), "x") << e.what();
+            EXPECT_NE(std::string(e.what()).find("is CUDA device memory, but variant '" + v->name + "' runs on"),
+                      std::string::npos)
+                << e.what();
+        }
+        for (std::size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y.data()[i], -12345.0f) << "y written despite the error";
+        EXPECT_TRUE(y.guards_intact());
+    }
+}
+
+TEST(Gpu, SynchronizeWithNothingQueuedReturns) {
+    EXPECT_NO_THROW(synchronize(select_variant()));
+    for (const VariantInfo &v : variants()) {
+        if (v.device != "cpu" && v.runnable) EXPECT_NO_THROW(synchronize(v)) << v.name;
+    }
+}
+
+// The weights go to the device once, in the constructor: later calls, with other
+// inputs, use them as they are.
+TEST(Gpu, RepeatedCallsReuseTheWeightsOnTheDevice) {
+    bool ran = false;
+    for (const VariantInfo &v : variants()) {
+        if (v.device == "cpu" || !v.runnable || v.schedule != "manual") continue;
+        ran = true;
+        Problem p = small_gpu_problem();
+        const LayerData first(p, 1), second(p, 2);
+        const Attention layer(p.config(), first.weights(), v.name);
+        for (const LayerData *data : {&first, &second, &first}) {
+            GuardedOutput y({p.batch, p.s_q, p.hidden});
+            layer.forward(data->inputs(), y.view());
+            // The first data's weights, this call's inputs.
+            const auto exact = reference::attention_layer<double>(p.config(), first.weights(), data->inputs());
+            const auto plain = reference::attention_layer<float>(p.config(), first.weights(), data->inputs());
+            expect_matches_reference(v.name.c_str(), y, exact.y, plain.y);
+        }
+    }
+    if (!ran) GTEST_SKIP() << "no GPU variant runs here (no CUDA device, no OpenCL device)";
+}
+
+// CUDA device memory in place: inputs and output on the device, the call queued,
+// synchronize() before reading.
+TEST(Gpu, CudaDeviceMemoryMatchesReference) {
+    const std::vector<VariantInfo> cuda = gpu_variants("cuda");
+    ASSERT_FALSE(cuda.empty());
+    if (!cuda.front().runnable) GTEST_SKIP() << "no CUDA device here: " << cuda.front().not_runnable_reason;
+    const LayerData data(small_gpu_problem());
+    const Problem &p = data.problem;
+    const ReferenceRun &ref = reference_run(data);
+    for (const VariantInfo &v : cuda) {
+        Halide::Runtime::Buffer<float> x(const_cast<float *>(data.x.data()), int(data.x.size()));
+        Halide::Runtime::Buffer<uint8_t> mask(const_cast<uint8_t *>(data.mask.data()), int(data.mask.size()));
+        std::vector<float> y_host(data.x.size(), -1.0f);
+        Halide::Runtime::Buffer<float> y(y_host.data(), int(y_host.size()));
+        for (halide_buffer_t *b : {x.raw_buffer(), mask.raw_buffer(), y.raw_buffer()}) {
+            b->set_host_dirty(true);
+            ASSERT_EQ(halide_copy_to_device(nullptr, b, halide_cuda_device_interface()), 0);
+        }
+        Attention layer(p.config(), data.weights(), v.name);
+        AttentionInputs in = data.inputs();
+        in.x = device_view<const float>(x.raw_buffer()->device, data.x.size(), {p.batch, p.s_q, p.hidden});
+        in.key_padding_mask = device_view<const uint8_t>(mask.raw_buffer()->device, data.mask.size(), {p.batch, p.s_k});
+        const auto y_view = device_view<float>(y.raw_buffer()->device, y_host.size(), {p.batch, p.s_q, p.hidden});
+        if (!ran_or_refused(v, [&] { layer.forward(in, y_view); })) continue;
+        layer.synchronize();
+        y.set_device_dirty(true);
+        ASSERT_EQ(y.copy_to_host(), 0);
+        const Accuracy a = check_accuracy(y_host.data(), ref.exact.y, ref.float32.y);
+        EXPECT_TRUE(a.ok) << a.report(v.name);
+    }
+}
+
+}  // namespace
+}  // namespace attn::testing
