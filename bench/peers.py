@@ -4,6 +4,13 @@ scaled_dot_product_attention + LayerNorm) and ONNX Runtime (its fused contrib
 Attention operator + output projection + LayerNorm), on the problem list that
 attn_bench exports (--problems_json), with the same sequence lengths.
 
+With --device cuda, the GPU peers instead, timed with torch.cuda.synchronize() inside
+the timed region as attn_bench does for the CUDA variants: PyTorch eager fp32 the way
+Hugging Face's BertSelfAttention computes it (matmul, scale, additive mask, softmax,
+matmul), PyTorch fp32 with scaled_dot_product_attention, the same in bf16 (for
+context: not held to the float32 accuracy check), and a cuBLAS sgemm roofline (TF32
+off) of the layer's four projections.
+
 Writes Google Benchmark JSON: benchmarks named self_attention/<peer>/<problem>, one
 entry per repetition and a median aggregate, times in ms, a GFLOP/s counter from
 the same FLOP count as attn_bench. Each peer's output is first checked against a
@@ -173,6 +180,64 @@ class OnnxRuntimePeer:
         return lambda: session.run(["y"], feeds)[0]
 
 
+class PyTorchCudaPeer:
+    """The layer on a CUDA device: `kind` is eager (BertSelfAttention's arithmetic),
+    sdpa, sdpa_bf16, or cublas_roofline (the four projection GEMMs alone)."""
+
+    def __init__(self, kind):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ImportError("no CUDA device for PyTorch")
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32: no TF32 tensor cores
+        torch.backends.cudnn.allow_tf32 = False
+        self.torch, self.kind = torch, kind
+        self.name = "pytorch_" + kind if kind != "cublas_roofline" else kind
+        self.version = f"{torch.__version__} on {torch.cuda.get_device_name()}"
+        self.checked = kind in ("eager", "sdpa")  # bf16 is for context; the roofline computes no layer
+
+    def prepare(self, p, d):
+        torch, F = self.torch, self.torch.nn.functional
+        dtype = torch.bfloat16 if self.kind == "sdpa_bf16" else torch.float32
+        t = {k: torch.from_numpy(v).cuda() for k, v in d.items()}
+        for k in t:
+            if t[k].dtype == torch.float32:
+                t[k] = t[k].to(dtype)
+        bsz, sq, hid = d["x"].shape
+        heads, hd = p["heads"], hid // p["heads"]
+        keep = torch.from_numpy(keep_matrix(p, d["mask"])).cuda()
+        additive = torch.zeros(keep.shape, device="cuda", dtype=dtype).masked_fill(~keep, float("-inf"))
+
+        def layer():
+            x = t["x"]
+            if self.kind == "cublas_roofline":
+                for w in ("w_q", "w_k", "w_v", "w_o"):
+                    torch.mm(x.view(-1, hid), t[w].t())
+                return x
+
+            def heads_of(w, b):
+                return F.linear(x, t[w], t[b]).view(bsz, -1, heads, hd).transpose(1, 2)
+
+            q, k, v = heads_of("w_q", "b_q"), heads_of("w_k", "b_k"), heads_of("w_v", "b_v")
+            if self.kind == "eager":
+                scores = torch.matmul(q, k.transpose(-1, -2)) / hd ** 0.5 + additive
+                probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows: zeros
+                ctx = torch.matmul(probs, v)
+            else:
+                ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keep).nan_to_num(0.0)
+            ctx = ctx.transpose(1, 2).reshape(bsz, sq, hid)
+            return F.layer_norm(x + F.linear(ctx, t["w_o"], t["b_o"]), (hid,), t["gamma"], t["beta"], 1e-12)
+
+        def run():
+            with torch.inference_mode():
+                y = layer()
+                torch.cuda.synchronize()
+                return y
+
+        self.result = lambda: run().float().cpu().numpy()
+        return run
+
+
 def time_it(run, repetitions, min_time):
     """Per-iteration wall times (s) of `repetitions` runs of at least min_time each."""
     run()  # warm-up
@@ -197,15 +262,19 @@ def main():
     parser.add_argument("--min-time", type=float, default=0.5, help="seconds per repetition")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--filter", default=".", help="regex on benchmark names")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="which peers: CPU or CUDA")
     args = parser.parse_args()
 
     problems = json.load(open(args.problems))
     peers = []
-    for cls in (PyTorchPeer, OnnxRuntimePeer):
+    makers = [lambda: PyTorchPeer(args.threads), lambda: OnnxRuntimePeer(args.threads)]
+    if args.device == "cuda":
+        makers = [lambda kind=kind: PyTorchCudaPeer(kind) for kind in ("eager", "sdpa", "sdpa_bf16", "cublas_roofline")]
+    for make in makers:
         try:
-            peers.append(cls(args.threads))
+            peers.append(make())
         except ImportError as e:
-            print(f"peers: {cls.name} not available ({e}); skipped", file=sys.stderr)
+            print(f"peers: not available ({e}); skipped", file=sys.stderr)
     runs = []
     for p in problems:
         data = make_inputs(p)
@@ -215,10 +284,11 @@ def main():
             if not re.search(args.filter, name):
                 continue
             run = peer.prepare(p, data)
+            result = getattr(peer, "result", run)
             entry = {"name": name, "run_name": name, "run_type": "iteration", "repetitions": args.repetitions,
                      "threads": 1, "time_unit": "ms", "family_index": 0, "per_family_instance_index": 0}
-            if expected is not None:
-                error = float(np.max(np.abs(run().astype(np.float64) - expected)))
+            if expected is not None and getattr(peer, "checked", True):
+                error = float(np.max(np.abs(result().astype(np.float64) - expected)))
                 entry["max_error"] = error
                 if not error < 1e-4:
                     runs.append({**entry, "error_occurred": True,
@@ -227,6 +297,8 @@ def main():
                     continue
             samples = time_it(run, args.repetitions, args.min_time)
             gflop = layer_flops(p) * 1e-9
+            if peer.name == "cublas_roofline":  # the four projections only
+                gflop = 2 * 4 * p["batch"] * p["s_q"] * p["hidden"] ** 2 * 1e-9
             for index, (seconds, iterations) in enumerate(samples):
                 runs.append({**entry, "repetition_index": index, "iterations": iterations,
                              "real_time": seconds * 1e3, "cpu_time": seconds * 1e3, "GFLOP/s": gflop / seconds})

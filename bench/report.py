@@ -4,8 +4,9 @@ bench/peers.py) as a Markdown table of ratios and a PNG chart.
 
 Every time is the median over repetitions of wall-clock time, all from one run.
 Ratios: "x roofline" is time / openblas_roofline time (1.00 = as fast as OpenBLAS
-doing only the layer's GEMMs); "vs best peer" is best peer time / time (> 1 = faster
-than every peer); "vs manual" is time / the hand-written variant's time on the same
+doing only the layer's GEMMs; on a GPU, cublas_roofline, cuBLAS sgemm); "vs best
+peer" is best peer time / time (> 1 = faster than every fp32 peer; bf16 is listed
+for context only); "vs manual" is time / the hand-written variant's time on the same
 ISA (> 1 = slower than hand-written).
 """
 import argparse
@@ -13,7 +14,14 @@ import collections
 import json
 import pathlib
 
-PEERS = ("openblas_roofline", "openblas_unfused", "onnxruntime", "pytorch")
+ROOFLINES = ("openblas_roofline", "cublas_roofline")
+# Peers held to float32 accuracy; pytorch_sdpa_bf16 is shown beside them, not ranked.
+FP32_PEERS = ("openblas_unfused", "onnxruntime", "pytorch", "pytorch_eager", "pytorch_sdpa")
+PEERS = ROOFLINES + FP32_PEERS + ("pytorch_sdpa_bf16",)
+
+
+def roofline_ms(impls):
+    return next((impls[r]["ms"] for r in ROOFLINES if "ms" in impls.get(r, {})), None)
 
 
 def load(paths):
@@ -55,8 +63,8 @@ def isa_of(impl):
 
 def fused_rows(runs, problem):
     impls = {impl: r for (stage, impl, p), r in runs.items() if stage == "self_attention" and p == problem}
-    roofline = impls.get("openblas_roofline", {}).get("ms")
-    peers = {i: r["ms"] for i, r in impls.items() if i in PEERS[1:] and "ms" in r}
+    roofline = roofline_ms(impls)
+    peers = {i: r["ms"] for i, r in impls.items() if i in FP32_PEERS and "ms" in r}
     best_peer = min(peers.values()) if peers else None
     rows = []
     for impl, r in sorted(impls.items(), key=lambda kv: kv[1].get("ms", float("inf"))):
@@ -156,7 +164,8 @@ def chart(runs, problems, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = ["autotuned", "manual", "mullapudi2016", "adams2019", "li2018", "openblas_unfused", "onnxruntime", "pytorch"]
+    groups = ["autotuned", "manual", "mullapudi2016", "adams2019", "anderson2021", "li2018", "openblas_unfused",
+              "onnxruntime", "pytorch"]
     names = [p["name"] for p in problems]
     fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(names)), 5))
     width = 0.8 / len(groups)
@@ -164,7 +173,7 @@ def chart(runs, problems, path):
         values = []
         for name in names:
             impls = {i: r for (s, i, p), r in runs.items() if s == "self_attention" and p == name and "ms" in r}
-            roofline = impls.get("openblas_roofline", {}).get("ms")
+            roofline = roofline_ms(impls)
             times = [r["ms"] for i, r in impls.items() if i == group or i.startswith(group + "_")]
             values.append(min(times) / roofline if times and roofline else 0)
         ax.bar([x + g_index * width for x in range(len(names))], values, width, label=group)

@@ -38,6 +38,14 @@ public:
     int estimate_batch() const {
         return this->get_target().has_gpu_feature() ? kEstimateBatchGpu : kEstimateBatchCpu;
     }
+    // The estimates of a [B, S, H] activation and of [B, heads, S_q, S_k] scores.
+    template <typename Buffer3>
+    void estimate_activation(Buffer3 &buffer) const {
+        buffer.set_estimates({{0, kEstimateHidden}, {0, kEstimateSeq}, {0, estimate_batch()}});
+    }
+    Halide::Region score_estimate() const {
+        return {{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, estimate_batch()}};
+    }
 
     void schedule() {
         if (this->using_autoscheduler()) return;

@@ -7,16 +7,6 @@ namespace attn_gen {
 
 using namespace Halide;
 
-namespace {
-
-template <typename Buffer3>
-void estimate_activation(Buffer3 &buffer, int batch) {
-    buffer.set_estimates({{0, kEstimateHidden}, {0, kEstimateSeq}, {0, batch}});
-}
-Region score_estimate(int batch) { return {{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, batch}}; }
-
-}  // namespace
-
 // Q = x_q·W_qᵀ + b_q, K = x_kv·W_kᵀ + b_k, V = x_kv·W_vᵀ + b_v. Self-attention passes
 // the same buffer as x_q and x_kv.
 class QkvProjection : public StageGenerator<QkvProjection> {
@@ -39,13 +29,13 @@ public:
         k = k_.out;
         v = v_.out;
 
-        estimate_activation(x_q, estimate_batch());
-        estimate_activation(x_kv, estimate_batch());
+        estimate_activation(x_q);
+        estimate_activation(x_kv);
         for (auto *w : {&w_q, &w_k, &w_v}) w->set_estimates({{0, kEstimateHidden}, {0, kEstimateHidden}});
         for (auto *b : {&b_q, &b_k, &b_v}) b->set_estimates({{0, kEstimateHidden}});
-        estimate_activation(q, estimate_batch());
-        estimate_activation(k, estimate_batch());
-        estimate_activation(v, estimate_batch());
+        estimate_activation(q);
+        estimate_activation(k);
+        estimate_activation(v);
     }
 
     void schedule_manual_cpu() {
@@ -75,11 +65,11 @@ public:
                                 bias, head_dim, q.dim(1).extent(), k.dim(1).extent());
         scores = scores_.scores;
 
-        estimate_activation(q, estimate_batch());
-        estimate_activation(k, estimate_batch());
-        bias.set_estimates(score_estimate(estimate_batch()));
+        estimate_activation(q);
+        estimate_activation(k);
+        bias.set_estimates(score_estimate());
         heads.set_estimate(kEstimateHeads);
-        scores.set_estimates(score_estimate(estimate_batch()));
+        scores.set_estimates(score_estimate());
     }
 
     void schedule_manual_cpu() {
@@ -107,10 +97,10 @@ public:
                                   scores.dim(0).extent());
         probs = softmax_.probs;
 
-        scores.set_estimates(score_estimate(estimate_batch()));
+        scores.set_estimates(score_estimate());
         key_padding_mask.set_estimates({{0, kEstimateSeq}, {0, estimate_batch()}});
         causal.set_estimate(false);
-        probs.set_estimates(score_estimate(estimate_batch()));
+        probs.set_estimates(score_estimate());
     }
 
     void schedule_manual_cpu() {
@@ -140,8 +130,8 @@ public:
                                 probs.dim(0).extent());
         ctx = context_.ctx;
 
-        probs.set_estimates(score_estimate(estimate_batch()));
-        estimate_activation(v, estimate_batch());
+        probs.set_estimates(score_estimate());
+        estimate_activation(v);
         ctx.set_estimates({{0, kEstimateHidden / kEstimateHeads}, {0, kEstimateHeads}, {0, kEstimateSeq},
                            {0, estimate_batch()}});
     }
@@ -175,12 +165,12 @@ public:
                                    hidden, 1, hidden, x.dim(1).extent());
         y = output_.y;
 
-        estimate_activation(ctx, estimate_batch());
-        estimate_activation(x, estimate_batch());
+        estimate_activation(ctx);
+        estimate_activation(x);
         w_o.set_estimates({{0, kEstimateHidden}, {0, kEstimateHidden}});
         for (auto *p : {&b_o, &gamma, &beta}) p->set_estimates({{0, kEstimateHidden}});
         eps.set_estimate(1e-12f);
-        estimate_activation(y, estimate_batch());
+        estimate_activation(y);
     }
 
     void schedule_manual_cpu() {

@@ -58,7 +58,6 @@ void stage_in_shared(Func tile, int contiguous_arg, int other_arg, LoopLevel at)
 struct Gemm {
     LoopLevel block;  // inside the block loops of the output's kernel
     LoopLevel chunk;  // once per chunk of the reduction, where its operands are staged
-    Func thread_tile;  // one chunk's partial sums of one thread, in registers
 };
 
 // `out` (col, row, ...) reads `product` (col, row, ...) = Σ_k a(k, row) · b(col, k),
@@ -120,7 +119,7 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std:
     LoopLevel chunk(product, ko);
     if (a.func.defined()) stage_in_shared(a.func.in(thread_tile), a.contiguous_arg, a.other_arg, chunk);
     if (b.func.defined()) stage_in_shared(b.func.in(thread_tile), b.contiguous_arg, b.other_arg, chunk);
-    return {LoopLevel(out, co), chunk, thread_tile};
+    return {LoopLevel(out, co), chunk};
 }
 
 // A reduction over one row (`row` is its first argument), computed at `block` for the

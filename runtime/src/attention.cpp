@@ -333,57 +333,52 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     const bool causal = config_.causal;
     const int32_t h = int32_t(heads);
     const float eps = config_.layer_norm_eps;
-    // The arguments every variant of the layer shares, placed for the variant's device.
-    auto weight = [&](CallBuffers &c, const char *name, Halide::Runtime::Buffer<const float> &b,
-                      const ConstTensor &t) { return device_weights_ ? b.raw_buffer() : c.input(name, b, t.memory); };
+    // The arguments every function of the layer shares, placed for the variant's device.
+    struct Shared {
+        halide_buffer_t *w_q, *w_k, *w_v, *w_o, *b_q, *b_k, *b_v, *b_o, *gamma, *beta, *mask, *bias;
+    };
+    auto shared = [&](CallBuffers &c) {
+        auto weight = [&](const char *name, Halide::Runtime::Buffer<const float> &b, const ConstTensor &t) {
+            return device_weights_ ? b.raw_buffer() : c.input(name, b, t.memory);  // uploaded by the constructor
+        };
+        return Shared{weight("w_q", w.w_q, weights_.w_q), weight("w_k", w.w_k, weights_.w_k),
+                      weight("w_v", w.w_v, weights_.w_v), weight("w_o", w.w_o, weights_.w_o),
+                      weight("b_q", w.b_q, weights_.b_q), weight("b_k", w.b_k, weights_.b_k),
+                      weight("b_v", w.b_v, weights_.b_v), weight("b_o", w.b_o, weights_.b_o),
+                      weight("gamma", w.gamma, weights_.gamma), weight("beta", w.beta, weights_.beta),
+                      c.input("key_padding_mask", mask.buffer, mask.memory), c.input("bias", bias.buffer, bias.memory)};
+    };
     if (!cross && !want_probs) {
         run_pipeline("self_attention", *variant_, [&](CallBuffers &c) {
-            return kernels.self_attention(
-                c.input("x", x, in.x.memory), weight(c, "w_q", w.w_q, weights_.w_q), weight(c, "w_k", w.w_k, weights_.w_k),
-                weight(c, "w_v", w.w_v, weights_.w_v), weight(c, "w_o", w.w_o, weights_.w_o),
-                weight(c, "b_q", w.b_q, weights_.b_q), weight(c, "b_k", w.b_k, weights_.b_k),
-                weight(c, "b_v", w.b_v, weights_.b_v), weight(c, "b_o", w.b_o, weights_.b_o),
-                weight(c, "gamma", w.gamma, weights_.gamma), weight(c, "beta", w.beta, weights_.beta),
-                c.input("key_padding_mask", mask.buffer, mask.memory), c.input("bias", bias.buffer, bias.memory),
-                causal, h, eps, c.output("y", y_buf, y.memory));
+            const Shared s = shared(c);
+            return kernels.self_attention(c.input("x", x, in.x.memory), s.w_q, s.w_k, s.w_v, s.w_o, s.b_q, s.b_k,
+                                          s.b_v, s.b_o, s.gamma, s.beta, s.mask, s.bias, causal, h, eps,
+                                          c.output("y", y_buf, y.memory));
         });
     } else if (!cross) {
         auto p = halide_view(probs);
         run_pipeline("self_attention_probs", *variant_, [&](CallBuffers &c) {
-            return kernels.self_attention_probs(
-                c.input("x", x, in.x.memory), weight(c, "w_q", w.w_q, weights_.w_q), weight(c, "w_k", w.w_k, weights_.w_k),
-                weight(c, "w_v", w.w_v, weights_.w_v), weight(c, "w_o", w.w_o, weights_.w_o),
-                weight(c, "b_q", w.b_q, weights_.b_q), weight(c, "b_k", w.b_k, weights_.b_k),
-                weight(c, "b_v", w.b_v, weights_.b_v), weight(c, "b_o", w.b_o, weights_.b_o),
-                weight(c, "gamma", w.gamma, weights_.gamma), weight(c, "beta", w.beta, weights_.beta),
-                c.input("key_padding_mask", mask.buffer, mask.memory), c.input("bias", bias.buffer, bias.memory),
-                causal, h, eps, c.output("y", y_buf, y.memory), c.output("probs", p, probs.memory));
+            const Shared s = shared(c);
+            return kernels.self_attention_probs(c.input("x", x, in.x.memory), s.w_q, s.w_k, s.w_v, s.w_o, s.b_q,
+                                                s.b_k, s.b_v, s.b_o, s.gamma, s.beta, s.mask, s.bias, causal, h, eps,
+                                                c.output("y", y_buf, y.memory), c.output("probs", p, probs.memory));
         });
     } else {
         auto kv = halide_view(in.kv);
         if (!want_probs) {
             run_pipeline("cross_attention", *variant_, [&](CallBuffers &c) {
-                return kernels.cross_attention(
-                    c.input("x", x, in.x.memory), weight(c, "w_q", w.w_q, weights_.w_q),
-                    weight(c, "w_k", w.w_k, weights_.w_k), weight(c, "w_v", w.w_v, weights_.w_v),
-                    weight(c, "w_o", w.w_o, weights_.w_o), weight(c, "b_q", w.b_q, weights_.b_q),
-                    weight(c, "b_k", w.b_k, weights_.b_k), weight(c, "b_v", w.b_v, weights_.b_v),
-                    weight(c, "b_o", w.b_o, weights_.b_o), weight(c, "gamma", w.gamma, weights_.gamma),
-                    weight(c, "beta", w.beta, weights_.beta), c.input("key_padding_mask", mask.buffer, mask.memory),
-                    c.input("bias", bias.buffer, bias.memory), causal, h, eps, c.input("kv", kv, in.kv.memory),
-                    c.output("y", y_buf, y.memory));
+                const Shared s = shared(c);
+                return kernels.cross_attention(c.input("x", x, in.x.memory), s.w_q, s.w_k, s.w_v, s.w_o, s.b_q,
+                                               s.b_k, s.b_v, s.b_o, s.gamma, s.beta, s.mask, s.bias, causal, h, eps,
+                                               c.input("kv", kv, in.kv.memory), c.output("y", y_buf, y.memory));
             });
         } else {
             auto p = halide_view(probs);
             run_pipeline("cross_attention_probs", *variant_, [&](CallBuffers &c) {
+                const Shared s = shared(c);
                 return kernels.cross_attention_probs(
-                    c.input("x", x, in.x.memory), weight(c, "w_q", w.w_q, weights_.w_q),
-                    weight(c, "w_k", w.w_k, weights_.w_k), weight(c, "w_v", w.w_v, weights_.w_v),
-                    weight(c, "w_o", w.w_o, weights_.w_o), weight(c, "b_q", w.b_q, weights_.b_q),
-                    weight(c, "b_k", w.b_k, weights_.b_k), weight(c, "b_v", w.b_v, weights_.b_v),
-                    weight(c, "b_o", w.b_o, weights_.b_o), weight(c, "gamma", w.gamma, weights_.gamma),
-                    weight(c, "beta", w.beta, weights_.beta), c.input("key_padding_mask", mask.buffer, mask.memory),
-                    c.input("bias", bias.buffer, bias.memory), causal, h, eps, c.input("kv", kv, in.kv.memory),
+                    c.input("x", x, in.x.memory), s.w_q, s.w_k, s.w_v, s.w_o, s.b_q, s.b_k, s.b_v, s.b_o, s.gamma,
+                    s.beta, s.mask, s.bias, causal, h, eps, c.input("kv", kv, in.kv.memory),
                     c.output("y", y_buf, y.memory), c.output("probs", p, probs.memory));
             });
         }
