@@ -139,18 +139,24 @@ class Placement {
 public:
     explicit Placement(const VariantInfo &variant) : on_device_(variant.device == "cuda") {}
 
-    // A read-only view of `host` (or of its device copy) for an input; out() for an output.
+    // A read-only view of `host`, or of its copy on the device.
     template <typename T>
-    TensorView<const T> in(std::vector<T> &host, Shape shape) {
-        return {put(host), host.size(), std::move(shape), memory()};
+    TensorView<const T> in(const std::vector<T> &host, Shape shape) {
+        const T *data = on_device_ ? reinterpret_cast<const T *>(upload(host)) : host.data();
+        return {data, host.size(), std::move(shape), memory()};
     }
+    // A view of `host` for an output, or of a device buffer that copy_outputs_to_host() copies into it.
     template <typename T>
     TensorView<T> out(std::vector<T> &host, Shape shape) {
-        return {put(host), host.size(), std::move(shape), memory()};
+        T *data = host.data();
+        if (on_device_) {
+            data = reinterpret_cast<T *>(upload(host));
+            outputs_.push_back(placed_.back().second);
+        }
+        return {data, host.size(), std::move(shape), memory()};
     }
-    // Copies every placed tensor back to its host vector (outputs, to check them).
-    void copy_to_host() {
-        for (auto &[owner, raw] : placed_) {
+    void copy_outputs_to_host() {
+        for (halide_buffer_t *raw : outputs_) {
             raw->set_device_dirty(true);
             if (halide_copy_to_host(nullptr, raw) != 0) throw Error("bench", "copy to the host failed");
         }
@@ -158,18 +164,19 @@ public:
 
 private:
     Memory memory() const { return on_device_ ? Memory::device : Memory::host; }
+    // Copies `host` to a new device buffer, kept until the Placement goes; its device address.
     template <typename T>
-    T *put(std::vector<T> &host) {
-        if (!on_device_) return host.data();
-        auto buffer = std::make_shared<Halide::Runtime::Buffer<T>>(host.data(), int(host.size()));
+    uintptr_t upload(const std::vector<T> &host) {
+        auto buffer = std::make_shared<Halide::Runtime::Buffer<const T>>(host.data(), int(host.size()));
         buffer->set_host_dirty();
         if (buffer->copy_to_device(halide_cuda_device_interface()) != 0) throw Error("bench", "copy to the device failed");
         placed_.push_back({buffer, buffer->raw_buffer()});
-        return reinterpret_cast<T *>(static_cast<uintptr_t>(buffer->raw_buffer()->device));
+        return static_cast<uintptr_t>(buffer->raw_buffer()->device);
     }
 
     bool on_device_;
     std::vector<std::pair<std::shared_ptr<void>, halide_buffer_t *>> placed_;  // each buffer, kept alive
+    std::vector<halide_buffer_t *> outputs_;
 };
 
 // Applies the accuracy rule when there is a reference (`exact` not empty); false (and
@@ -189,15 +196,14 @@ void fused_layer(benchmark::State &state, const VariantInfo &variant, const List
     const Problem &p = lp.problem;
     Attention layer(p.config(), f.data.weights(), variant.name);
     Placement place(variant);
-    std::vector<float> x = f.data.x, y(f.data.x.size());
-    std::vector<uint8_t> mask = f.data.mask;
+    std::vector<float> y(f.data.x.size());
     AttentionInputs inputs = f.data.inputs();
-    inputs.x = place.in(x, {p.batch, p.s_q, p.hidden});
-    if (!mask.empty()) inputs.key_padding_mask = place.in(mask, {p.batch, p.s_k});
+    inputs.x = place.in(f.data.x, {p.batch, p.s_q, p.hidden});
+    if (!f.data.mask.empty()) inputs.key_padding_mask = place.in(f.data.mask, {p.batch, p.s_k});
     MutableTensor y_view = place.out(y, {p.batch, p.s_q, p.hidden});
     layer.forward(inputs, y_view);
     layer.synchronize();
-    place.copy_to_host();
+    place.copy_outputs_to_host();
     if (!output_is_correct(state, y.data(), f.exact_y, f.float32_y, variant.name)) return;
     for (auto _ : state) {
         layer.forward(inputs, y_view);
@@ -213,16 +219,14 @@ void stage(benchmark::State &state, const std::string &name, const VariantInfo &
     const Config c = p.config();
     const LayerWeights w = f.data.weights();
     const Shape bsh{p.batch, p.s_q, p.hidden}, sc{p.batch, p.heads, p.s_q, p.s_k};
-    std::vector<float> x = f.data.x, scores = f.scores, probs = f.probs;
-    std::vector<uint8_t> mask_data = f.data.mask;
+    const std::vector<float> &x = f.data.x;
     std::vector<float> k(x.size()), v(x.size());
     Placement place(variant);
     const ConstTensor x_in = place.in(x, bsh);
-    const MaskTensor mask =
-        mask_data.empty() ? MaskTensor{} : place.in(mask_data, {p.batch, p.s_k});
+    const MaskTensor mask = f.data.mask.empty() ? MaskTensor{} : place.in(f.data.mask, {p.batch, p.s_k});
     ConstTensor scores_in, probs_in;
-    if (name == "masked_softmax") scores_in = place.in(scores, sc);
-    if (name == "weighted_sum") probs_in = place.in(probs, sc);
+    if (name == "masked_softmax") scores_in = place.in(f.scores, sc);
+    if (name == "weighted_sum") probs_in = place.in(f.probs, sc);
     const bool scores_out = name == "attention_scores" || name == "masked_softmax";
     std::vector<float> out(scores_out ? f.scores.size() : x.size());
     const MutableTensor out_view = place.out(out, scores_out ? sc : bsh);
@@ -243,7 +247,7 @@ void stage(benchmark::State &state, const std::string &name, const VariantInfo &
         synchronize(variant);
     };
     run();
-    place.copy_to_host();
+    place.copy_outputs_to_host();
     if (lp.reference_checked) {
         auto &[exact, plain] = f.stage_reference[name];  // Fixture is shared; benchmarks run one at a time
         if (exact.empty()) {

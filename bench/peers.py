@@ -91,7 +91,16 @@ def numpy_layer(p, d, eps=1e-12):
     return d["gamma"] * (dense - mean) / np.sqrt(var + eps) + d["beta"]
 
 
-class PyTorchPeer:
+class Peer:
+    checked = True  # held to the float64 layer before it is timed
+
+    @staticmethod
+    def output(y):
+        """What prepare()'s run() returns, as a NumPy array."""
+        return y
+
+
+class PyTorchPeer(Peer):
     name = "pytorch"
 
     def __init__(self, threads):
@@ -130,7 +139,7 @@ class PyTorchPeer:
         return run
 
 
-class OnnxRuntimePeer:
+class OnnxRuntimePeer(Peer):
     name = "onnxruntime"
 
     def __init__(self, threads):
@@ -180,7 +189,7 @@ class OnnxRuntimePeer:
         return lambda: session.run(["y"], feeds)[0]
 
 
-class PyTorchCudaPeer:
+class PyTorchCudaPeer(Peer):
     """The layer on a CUDA device: `kind` is eager (BertSelfAttention's arithmetic),
     sdpa, sdpa_bf16, or cublas_roofline (the four projection GEMMs alone)."""
 
@@ -234,8 +243,11 @@ class PyTorchCudaPeer:
                 torch.cuda.synchronize()
                 return y
 
-        self.result = lambda: run().float().cpu().numpy()
         return run
+
+    @staticmethod
+    def output(y):
+        return y.float().cpu().numpy()
 
 
 def time_it(run, repetitions, min_time):
@@ -284,11 +296,10 @@ def main():
             if not re.search(args.filter, name):
                 continue
             run = peer.prepare(p, data)
-            result = getattr(peer, "result", run)
             entry = {"name": name, "run_name": name, "run_type": "iteration", "repetitions": args.repetitions,
                      "threads": 1, "time_unit": "ms", "family_index": 0, "per_family_instance_index": 0}
-            if expected is not None and getattr(peer, "checked", True):
-                error = float(np.max(np.abs(result().astype(np.float64) - expected)))
+            if expected is not None and peer.checked:
+                error = float(np.max(np.abs(peer.output(run()).astype(np.float64) - expected)))
                 entry["max_error"] = error
                 if not error < 1e-4:
                     runs.append({**entry, "error_occurred": True,

@@ -165,14 +165,18 @@ void rows_along_lanes(Func f, LoopLevel at) {
         .gpu_threads(lane, rt);
 }
 
-void schedule_projection(attn_gen::Linear l) {
+}  // namespace
+
+void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     // input(k, s, b) and weight_transposed(o, k) = weight(k, o): k is contiguous in both.
-    gpu_gemm(l.out, l.product, o, s, {b}, l.k, {}, {l.input, 0, 1}, {l.weight_transposed, 1, 0});
+    for (attn_gen::Linear l : {q, k, v}) {
+        gpu_gemm(l.out, l.product, o, s, {b}, l.k, {}, {l.input, 0, 1}, {l.weight_transposed, 1, 0});
+    }
 }
 
 // probs(j, i, h, b) from scores in memory: a block per kRowThreads rows.
-void schedule_softmax_rows(attn_gen::MaskedSoftmax m) {
+void schedule_masked_softmax_gpu(attn_gen::MaskedSoftmax m) {
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
     Var io{"io"}, rt{"rt"}, jo{"jo"}, lane{"lane"};
     m.probs.compute_root()
@@ -186,21 +190,20 @@ void schedule_softmax_rows(attn_gen::MaskedSoftmax m) {
     warp_row_reduction(m.row_sum, m.j.x, i, block, false);
 }
 
-void schedule_scores(attn_gen::Scores sc) {
+void schedule_attention_scores_gpu(attn_gen::Scores sc) {
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
     // query_heads(e, h, i, b) and key_transposed(j, e, h, b) = K(e, h, j, b): e is contiguous.
     gpu_gemm(sc.scores, sc.dot, j, i, {h, b}, sc.e, {}, {sc.query_heads, 0, 2}, {sc.key_transposed, 1, 0});
 }
 
-void schedule_context(attn_gen::WeightedSum w, bool stage_probs) {
+void schedule_weighted_sum_gpu(attn_gen::WeightedSum w) {
     const Var &e = dims.head_dim, &i = dims.query, &h = dims.head, &b = dims.batch;
     // probs(j, i, h, b): j contiguous; values(e, h, j, b): e contiguous.
-    Operand probs{stage_probs ? w.probs : Func(), 0, 1};
-    gpu_gemm(w.ctx, w.ctx_sum, e, i, {h, b}, w.j, {}, probs, {w.values, 0, 2});
+    gpu_gemm(w.ctx, w.ctx_sum, e, i, {h, b}, w.j, {}, {w.probs, 0, 1}, {w.values, 0, 2});
 }
 
 // dense = residual + bias + ctx·W_oᵀ as a GEMM, then LayerNorm a block of rows at a time.
-void schedule_output(attn_gen::OutputLayerNorm n) {
+void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm n) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     gpu_gemm(n.dense, n.projection, o, s, {b}, n.in_feature.x, {n.in_feature.y}, {n.context_heads, 0, 2},
              {n.weight_transposed, 1, 0});
@@ -215,6 +218,8 @@ void schedule_output(attn_gen::OutputLayerNorm n) {
     warp_row_reduction(n.sum, n.row.x, s, block, false);
     warp_row_reduction(n.sum_sq_dev, n.row.x, s, block, false);
 }
+
+namespace {
 
 // The attention core without an S×S buffer: a block per (kQueryBlock query rows, 64
 // features of a head, head, batch). Three passes over the keys, each recomputing the
@@ -247,40 +252,27 @@ void schedule_flash_core(attn_gen::AttentionLayer l) {
     Func dot_sum = dot_max.clone_in(scores_sum);
     dot_max.compute_at(max_pass.partials, max_pass.row_inner).store_in(MemoryType::Register);
     dot_sum.compute_at(sum_pass.partials, sum_pass.row_inner).store_in(MemoryType::Register);
-    Func dot_ctx = sc.dot;
 
     // Q once per block, K once per chunk of each pass.
-    stage_in_shared(sc.query_heads.in({dot_ctx, dot_max, dot_sum}), 0, 2, core.block);
-    stage_in_shared(sc.key_transposed.in(dot_ctx), 1, 0, core.chunk);
+    stage_in_shared(sc.query_heads.in({sc.dot, dot_max, dot_sum}), 0, 2, core.block);
+    stage_in_shared(sc.key_transposed.in(sc.dot), 1, 0, core.chunk);
     stage_in_shared(sc.key_transposed.in(dot_max), 1, 0, max_pass.chunk);
     stage_in_shared(sc.key_transposed.in(dot_sum), 1, 0, sum_pass.chunk);
 }
 
 }  // namespace
 
-void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v) {
-    for (attn_gen::Linear l : {q, k, v}) schedule_projection(l);
-}
-
-void schedule_attention_scores_gpu(attn_gen::Scores sc) { schedule_scores(sc); }
-
-void schedule_masked_softmax_gpu(attn_gen::MaskedSoftmax m) { schedule_softmax_rows(m); }
-
-void schedule_weighted_sum_gpu(attn_gen::WeightedSum w) { schedule_context(w, true); }
-
-void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm n) { schedule_output(n); }
-
 void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_output) {
     schedule_qkv_projection_gpu(l.q, l.k, l.v);
     if (probs_are_output) {
         // The probabilities are an S×S output anyway: the stages' kernels, in sequence.
-        schedule_scores(l.scores);
-        schedule_softmax_rows(l.softmax);
-        schedule_context(l.context, true);
+        schedule_attention_scores_gpu(l.scores);
+        schedule_masked_softmax_gpu(l.softmax);
+        schedule_weighted_sum_gpu(l.context);
     } else {
         schedule_flash_core(l);
     }
-    schedule_output(l.output);
+    schedule_output_layernorm_gpu(l.output);
 }
 
 }  // namespace attn_sched

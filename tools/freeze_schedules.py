@@ -25,14 +25,13 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FROZEN = ROOT / "schedules" / "frozen"
 
-# Autoscheduler name, plugin, and the parameters it runs with on the 2-core CPU.
+# Autoscheduler name, plugin, and the parameters it runs with for the CPU ISAs (the 2-core CPU).
 # Adams2019's default beam (32) exhausts 24 GiB on the fused layer's pipeline, and
 # Anderson2021's ran past 10 minutes and 10 GiB per function, so the fused layer is
 # searched greedily (beam_size=1); the stages use the default.
 SOURCES = {
     "mullapudi2016": ("Mullapudi2016", ["autoscheduler.parallelism=2"]),
     "adams2019": ("Adams2019", ["autoscheduler.parallelism=2"]),
-    "anderson2021": ("Anderson2021", []),
 }
 # GPU ISAs (cmake/AttnTargets.cmake) and the sources that schedule for them, with their
 # parameters: parallelism is an H100 SXM's 132 SMs. Adams2019 schedules CPUs only,
@@ -43,7 +42,6 @@ GPU_SOURCES = {
     "mullapudi2016": ("Mullapudi2016", ["autoscheduler.experimental_gpu_schedule=1", "autoscheduler.parallelism=132"]),
     "anderson2021": ("Anderson2021", ["autoscheduler.parallelism=132"]),
 }
-CPU_SOURCES = {"mullapudi2016", "adams2019"}
 # Anderson2021 may place a Func between GPU block loops, which Halide then rejects
 # (seen on attention_scores: "Funcs cannot be scheduled in between GPU block loops"),
 # or fail with an empty message (self_attention_probs); such a function is searched
@@ -124,7 +122,7 @@ def fix_emitted(text):
 
 
 def schedules_isa(source, isa):
-    return source in (GPU_SOURCES if isa in GPU_ISAS else CPU_SOURCES)
+    return source in (GPU_SOURCES if isa in GPU_ISAS else SOURCES)
 
 
 def freeze_one(generator_exe, plugin_dir, source, isa, target, stage):
@@ -174,7 +172,8 @@ def main():
     parser.add_argument("--plugins", help="folder of Halide's libautoschedule_*.so")
     parser.add_argument("--registry-only", action="store_true",
                         help="only re-declare pure Vars in existing headers and rewrite registry.inc")
-    parser.add_argument("--sources", nargs="+", default=list(SOURCES), choices=list(SOURCES))
+    all_sources = list(dict.fromkeys([*SOURCES, *GPU_SOURCES]))
+    parser.add_argument("--sources", nargs="+", default=all_sources, choices=all_sources)
     parser.add_argument("--isas", nargs="+", default=DEFAULT_ISAS)
     parser.add_argument("--stages", nargs="+", help="AOT function names (default: all of ATTN_STAGES)")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)))

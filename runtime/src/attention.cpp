@@ -167,7 +167,6 @@ void make_bias(BiasArgument &b, const ConstTensor &bias, int64_t batch, int64_t 
     b.memory = bias.memory;
 }
 
-
 // Halide reports pipeline and driver failures through its error handler; keep the
 // message for the exception instead of printing it.
 thread_local std::string last_halide_error;
@@ -212,7 +211,9 @@ public:
     }
     // After the pipeline: results in host memory are complete on return.
     void copy_outputs_to_host() {
-        for (auto &[name, buffer] : host_outputs_) check_halide(halide_copy_to_host(nullptr, buffer), name, "copying the result to the host");
+        for (auto &[name, buffer] : host_outputs_) {
+            check_halide(halide_copy_to_host(nullptr, buffer), name, "copying the result to the host");
+        }
     }
 
 private:
