@@ -1,19 +1,20 @@
-// The schedule comparison (Google Benchmark): every variant of the variant list, by
-// stage and for the fused layer, on the shared problem list, beside the OpenBLAS
-// peers. Names are <stage>/<variant>/<problem>, e.g.
-// self_attention/manual_avx2/b1_s128_h768_n12. Counters: GFLOP/s (the layer's GEMM
-// FLOPs; the softmax counts a nominal 5 FLOPs per score) and bytes (each input and
-// output touched once: the minimum traffic). The fused layer is checked against the
+// The schedule comparison's measuring side: every variant of the variant list, by stage
+// and for the fused layer, on the shared problem list, beside the OpenBLAS peers. Case
+// names are <stage>/<implementation>/<problem>, e.g.
+// self_attention/manual_avx2/b1_s128_h768_n12. Every case is checked against the
 // reference (DESIGN.md's accuracy rule) before it is timed, for every problem small
-// enough for the double reference; a wrong variant is reported as an error, not timed.
+// enough for the double reference; a wrong or refusing case is reported, not timed.
 //
-// Stage outputs are checked the same way against the reference of that stage.
-//
-// Extra flags: --problems_json=PATH writes the problem list (with each sequence's real
-// length) for the out-of-process peers (bench/peers.py) and exits.
+// Two ways to run it:
+//   --serve  answers bench/compare.py, which times every case and peer of a problem in
+//            interleaved rounds (see serve() below): the comparison users read.
+//   otherwise Google Benchmark runs the cases one after another (tools/autotune.py
+//            uses this): counters GFLOP/s (the layer's GEMM FLOPs; the softmax counts a
+//            nominal 5 FLOPs per score), bytes (each input and output touched once) and
+//            the peak heap per iteration.
 // --candidate=LIBRARY:SUFFIX:ISA loads a shared library holding some of the functions
 // attn_<stage>_<SUFFIX> (tools/autotune.py's candidates), registers it as the variant
-// candidate_<SUFFIX> and benchmarks only it.
+// candidate_<SUFFIX> and offers only it.
 #include "kernels.h"  // the runtime's variant registration, for --candidate
 #include "openblas_peers.h"
 #include "peak_memory.h"
@@ -25,14 +26,21 @@
 
 #include <dlfcn.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <sstream>
+#include <thread>
 
 namespace attn::bench {
 namespace {
@@ -97,13 +105,20 @@ struct Fixture {
     }
 };
 
+std::mutex fixtures_mutex;
+std::map<std::string, std::unique_ptr<Fixture>> fixtures;
+
 Fixture &fixture(const ListedProblem &lp) {
-    static std::mutex mutex;
-    static std::map<std::string, std::unique_ptr<Fixture>> cache;
-    std::lock_guard<std::mutex> lock(mutex);
-    auto &slot = cache[lp.problem.name()];
+    std::lock_guard<std::mutex> lock(fixtures_mutex);
+    auto &slot = fixtures[lp.problem.name()];
     if (!slot) slot = std::make_unique<Fixture>(lp);
     return *slot;
+}
+
+// Frees every fixture; the cases prepared on them must be gone first.
+void release_fixtures() {
+    std::lock_guard<std::mutex> lock(fixtures_mutex);
+    fixtures.clear();
 }
 
 // The reference of one stage on the fixture's stage inputs (q = k = v = ctx = x).
@@ -179,155 +194,196 @@ private:
     std::vector<halide_buffer_t *> outputs_;
 };
 
-// Applies the accuracy rule when there is a reference (`exact` not empty); false (and
-// the benchmark marked as an error) when the output is wrong.
-bool output_is_correct(benchmark::State &state, const float *actual, const std::vector<double> &exact,
-                       const std::vector<float> &plain, const std::string &who) {
-    if (exact.empty()) return true;
+// One implementation made ready on one problem: `run` does the timed work once; `error`
+// says why it is not timed (it refused the shape, or its output broke the accuracy rule).
+struct Prepared {
+    std::function<void()> run;
+    std::string error;
+    double max_error = -1;  // against the reference; -1 when the problem has none
+};
+
+// Applies the accuracy rule when there is a reference (`exact` not empty): an error
+// message when the output is wrong, "" otherwise.
+std::string accuracy_error(Prepared &prepared, const float *actual, const std::vector<double> &exact,
+                           const std::vector<float> &plain, const std::string &who) {
+    if (exact.empty()) return "";
     const testing::Accuracy a = testing::check_accuracy(actual, exact, plain);
-    state.counters["max_error"] = a.max_error;
-    if (!a.ok) state.SkipWithError(a.report(who).c_str());
-    return a.ok;
+    prepared.max_error = a.max_error;
+    return a.ok ? "" : a.report(who);
 }
 
-void fused_layer(benchmark::State &state, const VariantInfo &variant, const ListedProblem &lp) {
-    if (!variant.runnable) return state.SkipWithError(("cannot run here: " + variant.not_runnable_reason).c_str());
+// Runs `prepared.run` once, turning a refusal into its error.
+bool first_run(Prepared &prepared) {
+    try {
+        prepared.run();
+        return true;
+    } catch (const std::exception &e) {
+        prepared.error = e.what();
+        return false;
+    }
+}
+
+Prepared fused_layer(const VariantInfo &variant, const ListedProblem &lp) {
+    Prepared prepared;
+    if (!variant.runnable) return {{}, "cannot run here: " + variant.not_runnable_reason};
     const Fixture &f = fixture(lp);
     const Problem &p = lp.problem;
-    Attention layer(p.config(), f.data.weights(), variant.name);
-    Placement place(variant);
-    std::vector<float> y(f.data.x.size());
-    AttentionInputs inputs = f.data.inputs();
-    inputs.x = place.in(f.data.x, {p.batch, p.s_q, p.hidden});
-    if (!f.data.mask.empty()) inputs.key_padding_mask = place.in(f.data.mask, {p.batch, p.s_k});
-    MutableTensor y_view = place.out(y, {p.batch, p.s_q, p.hidden});
-    layer.forward(inputs, y_view);
-    layer.synchronize();
-    place.copy_outputs_to_host();
-    if (!output_is_correct(state, y.data(), f.exact_y, f.float32_y, variant.name)) return;
-    for (auto _ : state) {
-        layer.forward(inputs, y_view);
-        layer.synchronize();
-    }
-    set_counters(state, work("self_attention", p));
+    struct State {
+        Attention layer;
+        Placement place;
+        std::vector<float> y;
+        AttentionInputs inputs;
+        MutableTensor y_view;
+    };
+    auto s = std::make_shared<State>(State{Attention(p.config(), f.data.weights(), variant.name),
+                                           Placement(variant), std::vector<float>(f.data.x.size()),
+                                           f.data.inputs(), {}});
+    s->inputs.x = s->place.in(f.data.x, {p.batch, p.s_q, p.hidden});
+    if (!f.data.mask.empty()) s->inputs.key_padding_mask = s->place.in(f.data.mask, {p.batch, p.s_k});
+    s->y_view = s->place.out(s->y, {p.batch, p.s_q, p.hidden});
+    prepared.run = [s] {
+        s->layer.forward(s->inputs, s->y_view);
+        s->layer.synchronize();
+    };
+    if (!first_run(prepared)) return prepared;
+    s->place.copy_outputs_to_host();
+    prepared.error = accuracy_error(prepared, s->y.data(), f.exact_y, f.float32_y, variant.name);
+    return prepared;
 }
 
-void stage(benchmark::State &state, const std::string &name, const VariantInfo &variant, const ListedProblem &lp) {
-    if (!variant.runnable) return state.SkipWithError(("cannot run here: " + variant.not_runnable_reason).c_str());
+Prepared stage(const std::string &name, const VariantInfo &variant, const ListedProblem &lp) {
+    Prepared prepared;
+    if (!variant.runnable) return {{}, "cannot run here: " + variant.not_runnable_reason};
     Fixture &f = fixture(lp);
     const Problem &p = lp.problem;
+    const Shape bsh{p.batch, p.s_q, p.hidden}, sc{p.batch, p.heads, p.s_q, p.s_k};
+    const bool scores_out = name == "attention_scores" || name == "masked_softmax";
+    struct State {
+        Placement place;
+        std::vector<float> out, k, v;
+        ConstTensor x_in, scores_in, probs_in;
+        MaskTensor mask;
+        MutableTensor out_view, k_view, v_view;
+    };
+    auto s = std::make_shared<State>(State{Placement(variant), std::vector<float>(scores_out ? f.scores.size()
+                                                                                              : f.data.x.size()),
+                                           std::vector<float>(f.data.x.size()), std::vector<float>(f.data.x.size())});
+    s->x_in = s->place.in(f.data.x, bsh);
+    if (!f.data.mask.empty()) s->mask = s->place.in(f.data.mask, {p.batch, p.s_k});
+    if (name == "masked_softmax") s->scores_in = s->place.in(f.scores, sc);
+    if (name == "weighted_sum") s->probs_in = s->place.in(f.probs, sc);
+    s->out_view = s->place.out(s->out, scores_out ? sc : bsh);
+    if (name == "qkv_projection") s->k_view = s->place.out(s->k, bsh), s->v_view = s->place.out(s->v, bsh);
     const Config c = p.config();
     const LayerWeights w = f.data.weights();
-    const Shape bsh{p.batch, p.s_q, p.hidden}, sc{p.batch, p.heads, p.s_q, p.s_k};
-    const std::vector<float> &x = f.data.x;
-    std::vector<float> k(x.size()), v(x.size());
-    Placement place(variant);
-    const ConstTensor x_in = place.in(x, bsh);
-    const MaskTensor mask = f.data.mask.empty() ? MaskTensor{} : place.in(f.data.mask, {p.batch, p.s_k});
-    ConstTensor scores_in, probs_in;
-    if (name == "masked_softmax") scores_in = place.in(f.scores, sc);
-    if (name == "weighted_sum") probs_in = place.in(f.probs, sc);
-    const bool scores_out = name == "attention_scores" || name == "masked_softmax";
-    std::vector<float> out(scores_out ? f.scores.size() : x.size());
-    const MutableTensor out_view = place.out(out, scores_out ? sc : bsh);
-    MutableTensor k_view, v_view;
-    if (name == "qkv_projection") k_view = place.out(k, bsh), v_view = place.out(v, bsh);
-    auto run = [&] {
+    prepared.run = [s, name, c, w, &variant] {
         if (name == "qkv_projection") {
-            stages::qkv_projection(variant, c, x_in, x_in, w, out_view, k_view, v_view);
+            stages::qkv_projection(variant, c, s->x_in, s->x_in, w, s->out_view, s->k_view, s->v_view);
         } else if (name == "attention_scores") {
-            stages::attention_scores(variant, c, x_in, x_in, {}, out_view);
+            stages::attention_scores(variant, c, s->x_in, s->x_in, {}, s->out_view);
         } else if (name == "masked_softmax") {
-            stages::masked_softmax(variant, c, scores_in, mask, out_view);
+            stages::masked_softmax(variant, c, s->scores_in, s->mask, s->out_view);
         } else if (name == "weighted_sum") {
-            stages::weighted_sum(variant, c, probs_in, x_in, out_view);
+            stages::weighted_sum(variant, c, s->probs_in, s->x_in, s->out_view);
         } else {
-            stages::output_layernorm(variant, c, x_in, x_in, w, out_view);
+            stages::output_layernorm(variant, c, s->x_in, s->x_in, w, s->out_view);
         }
         synchronize(variant);
     };
-    run();
-    place.copy_outputs_to_host();
+    if (!first_run(prepared)) return prepared;
+    s->place.copy_outputs_to_host();
     if (lp.reference_checked) {
-        auto &[exact, plain] = f.stage_reference[name];  // Fixture is shared; benchmarks run one at a time
+        auto &[exact, plain] = f.stage_reference[name];  // Fixture is shared; cases are prepared one at a time
         if (exact.empty()) {
             exact = stage_reference<double>(name, f, p);
             plain = stage_reference<float>(name, f, p);
         }
-        std::vector<float> actual = out;  // q, then k and v
+        std::vector<float> actual = s->out;  // q, then k and v
         if (name == "qkv_projection") {
-            actual.insert(actual.end(), k.begin(), k.end());
-            actual.insert(actual.end(), v.begin(), v.end());
+            actual.insert(actual.end(), s->k.begin(), s->k.end());
+            actual.insert(actual.end(), s->v.begin(), s->v.end());
         }
-        if (!output_is_correct(state, actual.data(), exact, plain, name + " " + variant.name)) return;
+        prepared.error = accuracy_error(prepared, actual.data(), exact, plain, name + " " + variant.name);
     }
-    for (auto _ : state) run();
-    set_counters(state, work(name, p));
+    return prepared;
 }
 
-void openblas_layer(benchmark::State &state, bool roofline, const ListedProblem &lp) {
+Prepared openblas_layer(bool roofline, const ListedProblem &lp) {
     const Fixture &f = fixture(lp);
-    BlasWorkspace ws(lp.problem);
-    std::vector<float> y(f.data.x.size());
+    auto ws = std::make_shared<BlasWorkspace>(lp.problem);
+    Prepared prepared;
     if (roofline) {
-        for (auto _ : state) openblas_roofline(Gemms::layer, f.data, ws);
-    } else {
-        openblas_unfused(f.data, ws, y.data());
-        if (!output_is_correct(state, y.data(), f.exact_y, f.float32_y, "openblas_unfused")) return;
-        for (auto _ : state) openblas_unfused(f.data, ws, y.data());
+        prepared.run = [ws, &f] { openblas_roofline(Gemms::layer, f.data, *ws); };
+        return prepared;
     }
-    set_counters(state, work("self_attention", lp.problem));
+    auto y = std::make_shared<std::vector<float>>(f.data.x.size());
+    prepared.run = [ws, y, &f] { openblas_unfused(f.data, *ws, y->data()); };
+    prepared.run();
+    prepared.error = accuracy_error(prepared, y->data(), f.exact_y, f.float32_y, "openblas_unfused");
+    return prepared;
 }
 
-void openblas_stage(benchmark::State &state, Gemms gemms, const std::string &name, const ListedProblem &lp) {
+Prepared openblas_stage(Gemms gemms, const ListedProblem &lp) {
     const Fixture &f = fixture(lp);
-    BlasWorkspace ws(lp.problem);
-    for (auto _ : state) openblas_roofline(gemms, f.data, ws);
-    set_counters(state, work(name, lp.problem));
+    auto ws = std::make_shared<BlasWorkspace>(lp.problem);
+    return {[ws, gemms, &f] { openblas_roofline(gemms, f.data, *ws); }};
 }
 
-benchmark::internal::Benchmark *configure(benchmark::internal::Benchmark *b) {
-    return b->Unit(benchmark::kMillisecond);  // the report reads real_time (wall clock)
-}
+// One benchmark case: <stage>/<implementation>/<problem>, made ready on demand.
+struct Case {
+    std::string name, stage;
+    const ListedProblem *problem;
+    std::function<Prepared()> prepare;
+};
 
-void register_all(const std::vector<VariantInfo> &variant_list, bool peers) {
-    const char *stage_names[] = {"qkv_projection", "attention_scores", "masked_softmax", "weighted_sum",
-                                 "output_layernorm"};
+const char *const kStageNames[] = {"qkv_projection", "attention_scores", "masked_softmax", "weighted_sum",
+                                   "output_layernorm"};
+
+// Every case: each variant (OpenCL ones aside: they run the GPU schedules on PoCL in
+// CI, to check them; a CPU's OpenCL says nothing about a GPU) fused and by stage, and,
+// with `peers`, OpenBLAS beside them.
+std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list, bool peers) {
     const std::pair<const char *, Gemms> stage_peers[] = {{"qkv_projection", Gemms::qkv_projection},
                                                           {"attention_scores", Gemms::attention_scores},
                                                           {"weighted_sum", Gemms::weighted_sum},
                                                           {"output_layernorm", Gemms::output_projection}};
-    // OpenCL variants run the GPU schedules on PoCL in CI, to check them; as a CPU
-    // OpenCL's timings say nothing about a GPU, they are not benchmarked.
-    std::vector<VariantInfo> timed;
+    std::vector<const VariantInfo *> timed;
     for (const VariantInfo &v : variant_list) {
-        if (v.device != "opencl") timed.push_back(v);
+        if (v.device != "opencl") timed.push_back(&v);
     }
+    std::vector<Case> cases;
+    auto add = [&](const std::string &stage_name, const std::string &impl, const ListedProblem &lp,
+                   std::function<Prepared()> prepare) {
+        cases.push_back({stage_name + "/" + impl + "/" + lp.problem.name(), stage_name, &lp, std::move(prepare)});
+    };
     for (const ListedProblem &lp : testing::problem_list()) {
-        const std::string problem = lp.problem.name();
-        for (const VariantInfo &v : timed) {
-            configure(benchmark::RegisterBenchmark(("self_attention/" + v.name + "/" + problem).c_str(), fused_layer,
-                                                   v, lp));
-        }
+        for (const VariantInfo *v : timed) add("self_attention", v->name, lp, [v, &lp] { return fused_layer(*v, lp); });
         if (peers) {
-            configure(benchmark::RegisterBenchmark(("self_attention/openblas_roofline/" + problem).c_str(),
-                                                   openblas_layer, true, lp));
-            configure(benchmark::RegisterBenchmark(("self_attention/openblas_unfused/" + problem).c_str(),
-                                                   openblas_layer, false, lp));
+            add("self_attention", "openblas_roofline", lp, [&lp] { return openblas_layer(true, lp); });
+            add("self_attention", "openblas_unfused", lp, [&lp] { return openblas_layer(false, lp); });
         }
         if (lp.problem.s_q > kLongestStageSeq) continue;
-        for (const char *name : stage_names) {
-            for (const VariantInfo &v : timed) {
-                configure(benchmark::RegisterBenchmark((std::string(name) + "/" + v.name + "/" + problem).c_str(),
-                                                       stage, std::string(name), v, lp));
+        for (const char *name : kStageNames) {
+            for (const VariantInfo *v : timed) {
+                add(name, v->name, lp, [name, v, &lp] { return stage(name, *v, lp); });
             }
         }
         for (const auto &[name, gemms] : stage_peers) {
-            if (peers) {
-                configure(benchmark::RegisterBenchmark((std::string(name) + "/openblas_roofline/" + problem).c_str(),
-                                                       openblas_stage, gemms, std::string(name), lp));
-            }
+            if (peers) add(name, "openblas_roofline", lp, [gemms = gemms, &lp] { return openblas_stage(gemms, lp); });
         }
+    }
+    return cases;
+}
+
+void register_all(const std::vector<Case> &cases) {
+    for (const Case &c : cases) {
+        benchmark::RegisterBenchmark(c.name.c_str(), [&c](benchmark::State &state) {
+            Prepared prepared = c.prepare();
+            if (!prepared.error.empty()) return state.SkipWithError(prepared.error.c_str());
+            if (prepared.max_error >= 0) state.counters["max_error"] = prepared.max_error;
+            for (auto _ : state) prepared.run();
+            set_counters(state, work(c.stage, c.problem->problem));
+        })->Unit(benchmark::kMillisecond);  // the report reads real_time (wall clock)
     }
 }
 
@@ -373,43 +429,110 @@ std::string cpu_model() {
     return "unknown";
 }
 
-void write_problems_json(const std::string &path) {
-    std::ofstream out(path);
-    out << "[\n";
-    const auto &list = testing::problem_list();
-    for (std::size_t i = 0; i < list.size(); ++i) {
-        const Problem &p = list[i].problem;
+// The problem list, with each sequence's real length, for the Python side (bench/compare.py).
+nlohmann::json problems_json() {
+    nlohmann::json list = nlohmann::json::array();
+    for (const ListedProblem &lp : testing::problem_list()) {
+        const Problem &p = lp.problem;
         const LayerData data(p);
-        out << "  {\"name\": \"" << p.name() << "\", \"model\": \"" << list[i].model << "\", \"batch\": " << p.batch
-            << ", \"s_q\": " << p.s_q << ", \"s_k\": " << p.s_k << ", \"hidden\": " << p.hidden
-            << ", \"heads\": " << p.heads << ", \"causal\": " << (p.causal ? "true" : "false")
-            << ", \"reference_checked\": " << (list[i].reference_checked ? "true" : "false") << ", \"lengths\": [";
+        nlohmann::json lengths = nlohmann::json::array();
         for (int64_t b = 0; b < p.batch; ++b) {
             int64_t real = p.s_k;
-            if (!data.mask.empty()) {
-                real = 0;
-                for (int64_t j = 0; j < p.s_k; ++j) real += data.mask[std::size_t(b * p.s_k + j)];
-            }
-            out << (b ? ", " : "") << real;
+            if (!data.mask.empty()) real = std::count(data.mask.begin() + b * p.s_k, data.mask.begin() + (b + 1) * p.s_k, 1);
+            lengths.push_back(real);
         }
-        out << "]}" << (i + 1 < list.size() ? "," : "") << "\n";
+        list.push_back({{"name", p.name()}, {"model", lp.model}, {"batch", p.batch}, {"s_q", p.s_q}, {"s_k", p.s_k},
+                        {"hidden", p.hidden}, {"heads", p.heads}, {"causal", p.causal},
+                        {"reference_checked", lp.reference_checked}, {"lengths", lengths},
+                        {"gflop", work("self_attention", p).flops * 1e-9}});
     }
-    out << "]\n";
+    return list;
+}
+
+nlohmann::json context_json() {
+    return {{"cpu_model", cpu_model()},       {"num_cpus", std::thread::hardware_concurrency()},
+            {"halide", "21.0.0"},             {"openblas", openblas_get_config()},
+            {"selected_variant", select_variant().name}};
+}
+
+// --serve: the measuring side of the interleaved comparison (bench/compare.py). Reads
+// one command per line on stdin and answers each with one JSON line on stdout:
+//   list                  {"context", "problems", "cases": [{"name", "stage", "problem", "gflop"}]}
+//   prepare <case>        makes the case ready (first run, checked against the reference, and the
+//                         peak heap of a second run): {"name", "ok", "error", "max_error", "peak_bytes"}
+//   time <case> <seconds> runs a prepared case for at least that long (at least once):
+//                         {"ms": per-run wall time, "runs": n}
+//   release               forgets every prepared case and problem fixture
+// A malformed command is answered {"error": ...}; end of input ends the process.
+int serve(const std::vector<Case> &cases) {
+    std::map<std::string, const Case *> by_name;
+    for (const Case &c : cases) by_name[c.name] = &c;
+    std::map<std::string, Prepared> prepared;
+    PeakMemory peak_memory;
+    auto reply = [](const nlohmann::json &answer) { std::cout << answer.dump() << std::endl; };
+    for (std::string line; std::getline(std::cin, line);) {
+        std::istringstream words(line);
+        std::string command, name;
+        words >> command >> name;
+        try {
+            if (command == "list") {
+                nlohmann::json listed = nlohmann::json::array();
+                for (const Case &c : cases) {
+                    listed.push_back({{"name", c.name}, {"stage", c.stage}, {"problem", c.problem->problem.name()},
+                                      {"gflop", work(c.stage, c.problem->problem).flops * 1e-9}});
+                }
+                reply({{"context", context_json()}, {"problems", problems_json()}, {"cases", listed}});
+            } else if (command == "prepare") {
+                auto found = by_name.find(name);
+                if (found == by_name.end()) throw Error("prepare", "no case named '" + name + "'");
+                Prepared p = found->second->prepare();
+                nlohmann::json answer{{"name", name}, {"ok", p.error.empty()}, {"error", p.error}};
+                if (p.max_error >= 0) answer["max_error"] = p.max_error;
+                if (p.error.empty()) {
+                    answer["peak_bytes"] = peak_memory.measure(p.run);
+                    prepared[name] = std::move(p);
+                }
+                reply(answer);
+            } else if (command == "time") {
+                double seconds = 0;
+                if (!(words >> seconds)) throw Error("time", "expected: time <case> <seconds>");
+                auto found = prepared.find(name);
+                if (found == prepared.end()) throw Error("time", "case '" + name + "' is not prepared");
+                int runs = 0;
+                const auto start = std::chrono::steady_clock::now();
+                double elapsed = 0;
+                do {
+                    found->second.run();
+                    ++runs;
+                    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                } while (elapsed < seconds);
+                reply({{"ms", elapsed * 1e3 / runs}, {"runs", runs}});
+            } else if (command == "release") {
+                prepared.clear();
+                release_fixtures();
+                reply({{"released", true}});
+            } else {
+                throw Error("command", "unknown command '" + command + "' (list, prepare, time, release)");
+            }
+        } catch (const std::exception &e) {
+            reply({{"error", e.what()}});
+        }
+    }
+    return 0;
 }
 
 }  // namespace
 }  // namespace attn::bench
 
 int main(int argc, char **argv) {
-    const char *problems_flag = "--problems_json=", *candidate_flag = "--candidate=";
+    const char *candidate_flag = "--candidate=";
     std::vector<attn::VariantInfo> variant_list = attn::variants();
-    bool peers = true;
+    bool peers = true, serve = false;
     for (int i = 1; i < argc; ++i) {
-        if (std::strncmp(argv[i], problems_flag, std::strlen(problems_flag)) == 0) {
-            attn::bench::write_problems_json(argv[i] + std::strlen(problems_flag));
-            return 0;
-        }
-        if (std::strncmp(argv[i], candidate_flag, std::strlen(candidate_flag)) == 0) {
+        const bool is_candidate = std::strncmp(argv[i], candidate_flag, std::strlen(candidate_flag)) == 0;
+        const bool is_serve = std::strcmp(argv[i], "--serve") == 0;
+        if (!is_candidate && !is_serve) continue;
+        if (is_candidate) {
             try {
                 variant_list = {attn::bench::load_candidate(argv[i] + std::strlen(candidate_flag))};
             } catch (const attn::Error &e) {
@@ -417,20 +540,22 @@ int main(int argc, char **argv) {
                 return 1;
             }
             peers = false;
-            std::copy(argv + i + 1, argv + argc + 1, argv + i);  // argv[argc] is null
-            --argc;
-            --i;
         }
+        serve = serve || is_serve;
+        std::copy(argv + i + 1, argv + argc + 1, argv + i);  // argv[argc] is null
+        --argc;
+        --i;
     }
+    const std::vector<attn::bench::Case> cases = attn::bench::all_cases(variant_list, peers);
+    if (serve) return attn::bench::serve(cases);
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-    benchmark::AddCustomContext("cpu_model", attn::bench::cpu_model());
-    benchmark::AddCustomContext("halide", "21.0.0");
-    benchmark::AddCustomContext("openblas", openblas_get_config());
-    benchmark::AddCustomContext("selected_variant", attn::select_variant().name);
+    for (const auto &[key, value] : attn::bench::context_json().items()) {
+        benchmark::AddCustomContext(key, value.is_string() ? value.get<std::string>() : value.dump());
+    }
     static attn::bench::PeakMemory peak_memory;
     benchmark::RegisterMemoryManager(&peak_memory);
-    attn::bench::register_all(variant_list, peers);
+    attn::bench::register_all(cases);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     return 0;

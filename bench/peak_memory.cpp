@@ -67,4 +67,10 @@ void PeakMemory::Stop(Result &result) {
     result.max_bytes_used = peak_bytes.load() - bytes_at_start;
 }
 
+int64_t PeakMemory::measure(const std::function<void()> &run) {
+    Start();
+    run();
+    return peak_bytes.load() - bytes_at_start;
+}
+
 }  // namespace attn::bench

@@ -6,6 +6,9 @@
 
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
+#include <functional>
+
 namespace attn::bench {
 
 class PeakMemory : public benchmark::MemoryManager {
@@ -14,6 +17,8 @@ public:
     void Start() override;
     void Stop(Result &result) override;
     void Stop(Result *result) override { Stop(*result); }
+    // The peak heap of one call of `run`, beyond what was live before it.
+    int64_t measure(const std::function<void()> &run);
 };
 
 }  // namespace attn::bench

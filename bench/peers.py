@@ -1,30 +1,19 @@
 #!/usr/bin/env python3
-"""The out-of-process peers of the comparison: PyTorch (CPU eager projections +
-scaled_dot_product_attention + LayerNorm) and ONNX Runtime (its fused contrib
-Attention operator + output projection + LayerNorm), on the problem list that
-attn_bench exports (--problems_json), with the same sequence lengths.
+"""The Python peers of the comparison (bench/compare.py times them interleaved with
+attn_bench's cases), on the problems attn_bench lists, with the same sequence lengths.
 
-With --device cuda, the GPU peers instead, timed with torch.cuda.synchronize() inside
-the timed region as attn_bench does for the CUDA variants: PyTorch eager fp32 the way
-Hugging Face's BertSelfAttention computes it (matmul, scale, additive mask, softmax,
-matmul), PyTorch fp32 with scaled_dot_product_attention, the same in bf16 (for
-context: not held to the float32 accuracy check), and a cuBLAS sgemm roofline (TF32
-off) of the layer's four projections.
+CPU: PyTorch (eager projections + scaled_dot_product_attention + LayerNorm) and ONNX
+Runtime (its fused contrib Attention operator + output projection + LayerNorm).
 
-Writes Google Benchmark JSON: benchmarks named self_attention/<peer>/<problem>, one
-entry per repetition and a median aggregate, times in ms, a GFLOP/s counter from
-the same FLOP count as attn_bench. Each peer's output is first checked against a
-NumPy float64 implementation of the layer (problems with reference_checked only);
-a peer that disagrees is reported as an error, not timed.
+CUDA, timed with torch.cuda.synchronize() inside the timed region as attn_bench does for
+the CUDA variants: PyTorch eager fp32 the way Hugging Face's BertSelfAttention computes
+it (matmul, scale, additive mask, softmax, matmul), PyTorch fp32 with
+scaled_dot_product_attention, the same in bf16 (for context: not held to the float32
+accuracy check), and a cuBLAS sgemm roofline (TF32 off) of the layer's four projections.
+
+Each peer's output is checked against numpy_layer, the layer in float64 from DESIGN.md's
+formulas (problems with reference_checked only), before it is timed.
 """
-import argparse
-import json
-import os
-import platform
-import re
-import sys
-import time
-
 import numpy as np
 
 
@@ -93,6 +82,10 @@ def numpy_layer(p, d, eps=1e-12):
 
 class Peer:
     checked = True  # held to the float64 layer before it is timed
+    roofline = False  # times the layer's GEMMs only
+
+    def gflop(self, p):
+        return layer_flops(p) * 1e-9
 
     @staticmethod
     def output(y):
@@ -204,6 +197,12 @@ class PyTorchCudaPeer(Peer):
         self.name = "pytorch_" + kind if kind != "cublas_roofline" else kind
         self.version = f"{torch.__version__} on {torch.cuda.get_device_name()}"
         self.checked = kind in ("eager", "sdpa")  # bf16 is for context; the roofline computes no layer
+        self.roofline = kind == "cublas_roofline"
+
+    def gflop(self, p):
+        if self.roofline:  # the four projections only
+            return 2 * 4 * p["batch"] * p["s_q"] * p["hidden"] ** 2 * 1e-9
+        return super().gflop(p)
 
     def prepare(self, p, d):
         torch, F = self.torch, self.torch.nn.functional
@@ -250,80 +249,9 @@ class PyTorchCudaPeer(Peer):
         return y.float().cpu().numpy()
 
 
-def time_it(run, repetitions, min_time):
-    """Per-iteration wall times (s) of `repetitions` runs of at least min_time each."""
-    run()  # warm-up
-    samples = []
-    for _ in range(repetitions):
-        iterations, start = 0, time.perf_counter()
-        while True:
-            run()
-            iterations += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_time:
-                break
-        samples.append((elapsed / iterations, iterations))
-    return samples
+def cpu_peers(threads):
+    return [lambda: PyTorchPeer(threads), lambda: OnnxRuntimePeer(threads)]
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--problems", required=True, help="problem list from attn_bench --problems_json")
-    parser.add_argument("--out", required=True, help="Google Benchmark JSON to write")
-    parser.add_argument("--repetitions", type=int, default=5)
-    parser.add_argument("--min-time", type=float, default=0.5, help="seconds per repetition")
-    parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--filter", default=".", help="regex on benchmark names")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="which peers: CPU or CUDA")
-    args = parser.parse_args()
-
-    problems = json.load(open(args.problems))
-    peers = []
-    makers = [lambda: PyTorchPeer(args.threads), lambda: OnnxRuntimePeer(args.threads)]
-    if args.device == "cuda":
-        makers = [lambda kind=kind: PyTorchCudaPeer(kind) for kind in ("eager", "sdpa", "sdpa_bf16", "cublas_roofline")]
-    for make in makers:
-        try:
-            peers.append(make())
-        except ImportError as e:
-            print(f"peers: not available ({e}); skipped", file=sys.stderr)
-    runs = []
-    for p in problems:
-        data = make_inputs(p)
-        expected = numpy_layer(p, data) if p["reference_checked"] else None
-        for peer in peers:
-            name = f"self_attention/{peer.name}/{p['name']}"
-            if not re.search(args.filter, name):
-                continue
-            run = peer.prepare(p, data)
-            entry = {"name": name, "run_name": name, "run_type": "iteration", "repetitions": args.repetitions,
-                     "threads": 1, "time_unit": "ms", "family_index": 0, "per_family_instance_index": 0}
-            if expected is not None and peer.checked:
-                error = float(np.max(np.abs(peer.output(run()).astype(np.float64) - expected)))
-                entry["max_error"] = error
-                if not error < 1e-4:
-                    runs.append({**entry, "error_occurred": True,
-                                 "error_message": f"{peer.name}: max error {error:.3g} against the float64 layer"})
-                    print(f"{name}: WRONG (max error {error:.3g})", file=sys.stderr)
-                    continue
-            samples = time_it(run, args.repetitions, args.min_time)
-            gflop = layer_flops(p) * 1e-9
-            if peer.name == "cublas_roofline":  # the four projections only
-                gflop = 2 * 4 * p["batch"] * p["s_q"] * p["hidden"] ** 2 * 1e-9
-            for index, (seconds, iterations) in enumerate(samples):
-                runs.append({**entry, "repetition_index": index, "iterations": iterations,
-                             "real_time": seconds * 1e3, "cpu_time": seconds * 1e3, "GFLOP/s": gflop / seconds})
-            median = float(np.median([s for s, _ in samples]))
-            runs.append({**entry, "name": name + "_median", "run_type": "aggregate", "aggregate_name": "median",
-                         "iterations": args.repetitions, "real_time": median * 1e3, "cpu_time": median * 1e3,
-                         "GFLOP/s": gflop / median})
-            print(f"{name}: median {median * 1e3:.3f} ms over {args.repetitions} repetitions", file=sys.stderr)
-    context = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host_name": platform.node(),
-               "executable": "bench/peers.py", "num_cpus": os.cpu_count(), "threads": args.threads,
-               "peers": {peer.name: peer.version for peer in peers}, "python": platform.python_version()}
-    with open(args.out, "w") as f:
-        json.dump({"context": context, "benchmarks": runs}, f, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+def cuda_peers():
+    return [lambda kind=kind: PyTorchCudaPeer(kind) for kind in ("eager", "sdpa", "sdpa_bf16", "cublas_roofline")]

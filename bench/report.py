@@ -1,205 +1,266 @@
 #!/usr/bin/env python3
-"""Renders the schedule comparison from Google Benchmark JSON files (attn_bench and
-bench/peers.py) as a Markdown table of ratios and a PNG chart.
+"""Renders an interleaved comparison (bench/compare.py's comparison.json) as a Markdown
+table and a PNG chart:  report.py bench/results/comparison.json
 
-Every time is the median over repetitions of wall-clock time, all from one run.
-Ratios: "x roofline" is time / openblas_roofline time (1.00 = as fast as OpenBLAS
-doing only the layer's GEMMs; on a GPU, cublas_roofline, cuBLAS sgemm); "vs best
-peer" is best peer time / time (> 1 = faster than every fp32 peer; bf16 is listed
-for context only); "vs manual" is time / the hand-written variant's time on the same
-ISA (> 1 = slower than hand-written).
+Times are medians over the rounds of wall-clock time per call. Every ratio is paired: it
+is taken within each round, between two implementations timed in that round, and shown
+as the median of the per-round ratios with a distribution-free confidence interval of
+that median (order statistics, at least 90%); a ratio whose interval contains 1 is
+marked ≈ (within noise: not shown to differ on this machine).
+
+"x roofline" is time / openblas_roofline time (the layer's GEMMs alone as OpenBLAS sgemm;
+on a GPU, cublas_roofline): below 1 is faster than a GEMM library doing only the GEMMs.
+"vs best peer" is best fp32 peer time / time (> 1: faster than every peer). "vs manual"
+is time / the hand-written variant's time on the same ISA (> 1: slower).
 """
 import argparse
-import collections
 import json
+import math
 import pathlib
 
 ROOFLINES = ("openblas_roofline", "cublas_roofline")
 # Peers held to float32 accuracy; pytorch_sdpa_bf16 is shown beside them, not ranked.
 FP32_PEERS = ("openblas_unfused", "onnxruntime", "pytorch", "pytorch_eager", "pytorch_sdpa")
-PEERS = ROOFLINES + FP32_PEERS + ("pytorch_sdpa_bf16",)
+AUTOSCHEDULERS = ("mullapudi2016", "adams2019", "li2018", "anderson2021")
+STAGES = ("qkv_projection", "attention_scores", "masked_softmax", "weighted_sum", "output_layernorm")
 
 
-def roofline_ms(impls):
-    return next((impls[r]["ms"] for r in ROOFLINES if "ms" in impls.get(r, {})), None)
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[(n - 1) // 2] + xs[n // 2]) / 2
 
 
-def load(paths):
-    """{(stage, impl, problem): {ms, gflops, peak, error}} and the first file's context."""
-    runs = collections.defaultdict(dict)
-    context = {}
-    for path in paths:
-        doc = json.load(open(path))
-        context = context or doc.get("context", {})
-        iteration_times = collections.defaultdict(list)
-        for b in doc["benchmarks"]:
-            key = tuple(b.get("run_name", b["name"]).split("/")[:3])
-            if len(key) != 3:
-                continue
-            entry = runs[key]
-            if b.get("error_occurred"):
-                entry["error"] = b.get("error_message", "error")
-                continue
-            # Google Benchmark 1.7 measures memory once, in the last repetition, and
-            # leaves the field uninitialized in the others: keep the last one's.
-            if "max_bytes_used" in b and b.get("repetition_index", 0) >= entry.get("peak_repetition", -1):
-                entry["peak"], entry["peak_repetition"] = b["max_bytes_used"], b.get("repetition_index", 0)
-            scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "ns")]
-            if b.get("run_type") == "aggregate" and b.get("aggregate_name") == "median":
-                entry["ms"] = b["real_time"] * scale
-                entry["gflops"] = b.get("GFLOP/s")
-            elif b.get("run_type", "iteration") == "iteration":
-                iteration_times[key].append((b["real_time"] * scale, b.get("GFLOP/s")))
-        for key, samples in iteration_times.items():  # single repetitions have no aggregate
-            if "ms" not in runs[key] and samples:
-                samples.sort()
-                runs[key]["ms"], runs[key]["gflops"] = samples[len(samples) // 2]
-    return runs, context
+def median_interval(xs, level=0.90):
+    """(lo, hi): order statistics x_(k), x_(n+1-k) covering the median with probability >= level."""
+    xs = sorted(xs)
+    n = len(xs)
+    k, below = 0, 0.0  # below: P(Binomial(n, 1/2) <= k - 1)
+    while k + 1 <= n // 2:
+        p_next = below + math.comb(n, k) / 2 ** n
+        if 2 * p_next > 1 - level:
+            break
+        k, below = k + 1, p_next
+    k = max(k, 1)
+    return xs[k - 1], xs[n - k]
+
+
+class Ratio:
+    """Per-round ratios numerator[r] / denominator[r]: median and interval."""
+
+    def __init__(self, numerator, denominator):
+        ratios = [a / b for a, b in zip(numerator, denominator)]
+        self.median = median(ratios)
+        self.lo, self.hi = median_interval(ratios)
+
+    @property
+    def within_noise(self):
+        return self.lo <= 1.0 <= self.hi
+
+    def __str__(self):
+        return f"{self.median:.2f} [{self.lo:.2f}, {self.hi:.2f}]" + (" ≈" if self.within_noise else "")
+
+
+def ratio(group, numerator, denominator):
+    a, b = group.get(numerator, {}).get("ms"), group.get(denominator, {}).get("ms")
+    return Ratio(a, b) if a and b else None
 
 
 def isa_of(impl):
-    return impl.split("_", 1)[1] if "_" in impl and not impl.startswith(PEERS) else ""
+    return impl.split("_", 1)[1] if impl.split("_", 1)[0] in ("manual", "autotuned") + AUTOSCHEDULERS else ""
 
 
-def fused_rows(runs, problem):
-    impls = {impl: r for (stage, impl, p), r in runs.items() if stage == "self_attention" and p == problem}
-    roofline = roofline_ms(impls)
-    peers = {i: r["ms"] for i, r in impls.items() if i in FP32_PEERS and "ms" in r}
-    best_peer = min(peers.values()) if peers else None
-    rows = []
-    for impl, r in sorted(impls.items(), key=lambda kv: kv[1].get("ms", float("inf"))):
-        manual = impls.get("manual_" + isa_of(impl), {}).get("ms") if isa_of(impl) else None
-        rows.append((impl, r, roofline, best_peer, manual))
-    return rows, roofline, peers
+def timed(group):
+    """{impl: median ms} of the implementations that were timed."""
+    return {impl: median(r["ms"]) for impl, r in group.items() if r["ms"]}
 
 
-AUTOSCHEDULERS = ("mullapudi2016", "adams2019", "li2018")
+def best(group, kinds, names=None):
+    times = {i: t for i, t in timed(group).items()
+             if group[i]["kind"] in kinds and (names is None or i in names)}
+    return min(times.items(), key=lambda x: x[1]) if times else (None, None)
 
 
-def autotuned_section(runs, problems, stages):
-    """Autotuned vs the best of (hand-written, each autoscheduler's default), same ISA, same run."""
-    rows = []
-    for p in problems:
-        for stage in stages:
-            impls = {i: r["ms"] for (s, i, q), r in runs.items() if s == stage and q == p["name"] and "ms" in r}
-            for impl, ms in sorted(impls.items()):
-                if not impl.startswith("autotuned_"):
-                    continue
-                isa = isa_of(impl)
-                manual = impls.get("manual_" + isa)
-                autos = {a: impls[f"{a}_{isa}"] for a in AUTOSCHEDULERS if f"{a}_{isa}" in impls}
-                best_auto = min(autos.items(), key=lambda x: x[1]) if autos else (None, None)
-                best_other = min([t for t in [manual, best_auto[1]] if t is not None], default=None)
-                rows.append(f"| {p['name']} | {stage} | {isa} | {ms:.3f} | {fmt(manual, '{:.3f}')} | "
-                            f"{best_auto[0] or '-'} {fmt(best_auto[1], '{:.3f}')} | "
-                            f"{fmt(manual / ms if manual else None)}x | "
-                            f"{fmt(best_auto[1] / ms if best_auto[1] else None)}x | "
-                            f"{fmt(best_other / ms if best_other else None)}x |")
-    if not rows:
-        return []
-    return ["", "## Autotuned variants against the defaults (same ISA, same run)", "",
-            "Speedups are default time / autotuned time (> 1: the autotuned variant is faster).", "",
-            "| problem | function | ISA | autotuned ms | manual ms | best autoscheduler default ms | "
-            "vs manual | vs best autoscheduler | vs best of both |",
-            "|---|---|---|---|---|---|---|---|---|", *rows, ""]
+def best_variant(group):
+    return best(group, ("variant",))
+
+
+def best_peer(group):
+    return best(group, ("peer",), FP32_PEERS)
+
+
+def roofline(group):
+    return next((r for r in ROOFLINES if group.get(r, {}).get("ms")), None)
 
 
 def fmt(x, pattern="{:.2f}"):
     return "-" if x is None else pattern.format(x)
 
 
-def markdown(runs, context, problems):
-    out = ["# Schedule comparison", ""]
-    out.append(f"Machine: {context.get('cpu_model', '?')}, {context.get('num_cpus', '?')} cores "
-               f"({context.get('host_name', '?')}), {context.get('date', '?')}; Halide {context.get('halide', '?')}, "
-               f"{context.get('openblas', 'OpenBLAS ?')}. Medians of wall-clock time over repetitions, one run.")
-    out += ["", "## Fused layer: summary", "",
-            "| problem | model | roofline ms | best variant | ms | x roofline | best peer | ms | speedup vs best peer |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    for p in problems:
-        rows, roofline, peers = fused_rows(runs, p["name"])
-        ours = [(i, r["ms"]) for i, r, *_ in rows if i not in PEERS and "ms" in r]
-        if not ours:
+def spread(ms):
+    """(max - min) / median, in percent: how much one implementation moved across the rounds."""
+    return 100 * (max(ms) - min(ms)) / median(ms)
+
+
+def fused_summary(doc, groups):
+    out = ["| problem | model | roofline ms | best variant | ms | x roofline | best peer | ms | "
+           "speedup vs best peer |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in doc["problems"]:
+        group = groups.get(("self_attention", p["name"]))
+        if not group:
             continue
-        best_impl, best_ms = min(ours, key=lambda x: x[1])
-        peer_impl, peer_ms = min(peers.items(), key=lambda x: x[1]) if peers else (None, None)
-        out.append(f"| {p['name']} | {p['model']} | {fmt(roofline)} | {best_impl} | {best_ms:.2f} | "
-                   f"{fmt(best_ms / roofline if roofline else None)} | {peer_impl or '-'} | {fmt(peer_ms)} | "
-                   f"{fmt(peer_ms / best_ms if peer_ms else None)}x |")
-    out += ["", "## Fused layer: every variant and peer", ""]
-    for p in problems:
-        rows, *_ = fused_rows(runs, p["name"])
-        if not rows:
+        impl, ms = best_variant(group)
+        if impl is None:
             continue
-        out += [f"### {p['name']} ({p['model']})", "",
-                "| implementation | ms | GFLOP/s | x roofline | vs best peer | vs manual (same ISA) | peak heap MiB |",
-                "|---|---|---|---|---|---|---|"]
-        for impl, r, roofline, best_peer, manual in rows:
-            if "ms" not in r:
-                out.append(f"| {impl} | {r.get('error', 'not run')[:80]} | | | | | |")
+        peer, peer_ms = best_peer(group)
+        roof = roofline(group)
+        out.append(f"| {p['name']} | {p['model']} | {fmt(median(group[roof]['ms']) if roof else None)} | {impl} | "
+                   f"{ms:.2f} | {ratio(group, impl, roof) if roof else '-'} | {peer or '-'} | {fmt(peer_ms)} | "
+                   f"{ratio(group, peer, impl) if peer else '-'} |")
+    return out
+
+
+def fused_detail(p, group):
+    roof = roofline(group)
+    peer, _ = best_peer(group)
+    out = [f"### {p['name']} ({p['model']})", "",
+           "| implementation | ms | spread % | GFLOP/s | x roofline | vs best peer | vs manual (same ISA) | "
+           "peak heap MiB |", "|---|---|---|---|---|---|---|---|"]
+    times = timed(group)
+    for impl in sorted(group, key=lambda i: times.get(i, math.inf)):
+        r = group[impl]
+        if not r["ms"]:
+            out.append(f"| {impl} | {r.get('error', 'not run')[:90]} | | | | | | |")
+            continue
+        ms = median(r["ms"])
+        manual = "manual_" + isa_of(impl)
+        peak = r.get("peak_bytes")
+        out.append(f"| {impl} | {ms:.3f} | {spread(r['ms']):.0f} | {r['gflop'] / ms * 1e3:.1f} | "
+                   f"{ratio(group, impl, roof) if roof and impl != roof else '-'} | "
+                   f"{ratio(group, peer, impl) if peer and impl != peer else '-'} | "
+                   f"{ratio(group, impl, manual) if isa_of(impl) and impl != manual else '-'} | "
+                   f"{fmt(peak / 2**20 if peak is not None else None, '{:.1f}')} |")
+    return out + [""]
+
+
+def autotuned_section(doc, groups):
+    """Autotuned vs the hand-written default and the best autoscheduler of the same ISA, paired."""
+    rows = []
+    for p in doc["problems"]:
+        for stage in ("self_attention",) + STAGES:
+            group = groups.get((stage, p["name"]))
+            if not group:
                 continue
-            ms = r["ms"]
-            peak = r.get("peak")
-            out.append(f"| {impl} | {ms:.3f} | {fmt(r.get('gflops'), '{:.1f}')} | "
-                       f"{fmt(ms / roofline if roofline else None)} | "
-                       f"{fmt(best_peer / ms if best_peer else None)} | "
-                       f"{fmt(ms / manual if manual and not impl.startswith('manual') else None)} | "
-                       f"{fmt(peak / 2**20 if peak is not None else None, '{:.1f}')} |")
-        out.append("")
-    stages = ["qkv_projection", "attention_scores", "masked_softmax", "weighted_sum", "output_layernorm"]
-    out += autotuned_section(runs, problems, ["self_attention"] + stages)
-    for p in problems[:1]:
-        impls = sorted({i for (s, i, q) in runs if q == p["name"] and s in stages})
-        out += [f"## Stages alone: {p['name']} (ms)", "", "| implementation | " + " | ".join(stages) + " |",
-                "|---|" + "---|" * len(stages)]
+            times = timed(group)
+            for impl in sorted(times):
+                if not impl.startswith("autotuned_"):
+                    continue
+                isa = isa_of(impl)
+                autos = {a: times[f"{a}_{isa}"] for a in AUTOSCHEDULERS if f"{a}_{isa}" in times}
+                auto = min(autos, key=autos.get) if autos else None
+                rows.append(f"| {p['name']} | {stage} | {isa} | {times[impl]:.3f} | "
+                            f"{ratio(group, 'manual_' + isa, impl) or '-'} | "
+                            f"{auto or '-'} | {ratio(group, f'{auto}_{isa}', impl) if auto else '-'} |")
+    if not rows:
+        return []
+    return ["## Autotuned variants against the defaults (same ISA, paired)", "",
+            "Speedups are default time / autotuned time per round (> 1: the autotuned variant is faster).", "",
+            "| problem | function | ISA | autotuned ms | vs manual | best autoscheduler | vs it |",
+            "|---|---|---|---|---|---|---|", *rows, ""]
+
+
+def stages_section(doc, groups):
+    out = []
+    for p in doc["problems"]:
+        present = [s for s in STAGES if (s, p["name"]) in groups]
+        if not present:
+            continue
+        impls = sorted({i for s in present for i in timed(groups[(s, p["name"])])})
+        out += [f"## Stages alone: {p['name']} (median ms)", "", "| implementation | " + " | ".join(present) + " |",
+                "|---|" + "---|" * len(present)]
         for impl in impls:
-            cells = [fmt(runs.get((s, impl, p["name"]), {}).get("ms"), "{:.3f}") for s in stages]
+            cells = [fmt(timed(groups[(s, p["name"])]).get(impl), "{:.3f}") for s in present]
             out.append(f"| {impl} | " + " | ".join(cells) + " |")
+        out.append("")
+    return out
+
+
+def markdown(doc):
+    c = doc["context"]
+    groups = {(g["stage"], g["problem"]): g["impls"] for g in doc["groups"]}
+    peers = ", ".join(f"{name} {version}" for name, version in c.get("peers", {}).items())
+    out = ["# Schedule comparison", "",
+           f"Machine: {c.get('cpu_model', '?')}, {c.get('num_cpus', '?')} cores ({c.get('host_name', '?')}), "
+           f"{c.get('date', '?')}; Halide {c.get('halide', '?')}, {c.get('openblas', 'OpenBLAS ?')}; {peers}.",
+           "",
+           f"Interleaved: for each problem and stage, {c.get('rounds')} rounds in which every implementation ran "
+           f"for at least {c.get('min_time')} s, in an order rotating by one per round. Times are medians over "
+           "the rounds; \"spread %\" is (max - min) / median over them. Ratios are paired (taken within each "
+           "round): median [confidence interval of the median, at least 90%]; ≈ marks a ratio whose interval "
+           "contains 1 (within this machine's noise). "
+           f"Command: `{c.get('command', '?')}`.", "",
+           "## Fused layer: summary", ""]
+    out += fused_summary(doc, groups)
+    out += ["", "## Fused layer: every variant and peer", ""]
+    for p in doc["problems"]:
+        if ("self_attention", p["name"]) in groups:
+            out += fused_detail(p, groups[("self_attention", p["name"])])
+    out += autotuned_section(doc, groups)
+    out += stages_section(doc, groups)
     return "\n".join(out) + "\n"
 
 
-def chart(runs, problems, path):
+def chart(doc, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = ["autotuned", "manual", "mullapudi2016", "adams2019", "anderson2021", "li2018", "openblas_unfused",
-              "onnxruntime", "pytorch"]
-    names = [p["name"] for p in problems]
+    families = ["autotuned", "manual", *AUTOSCHEDULERS, "openblas_unfused", "onnxruntime", "pytorch",
+                "pytorch_eager", "pytorch_sdpa"]
+    groups = {g["problem"]: g["impls"] for g in doc["groups"] if g["stage"] == "self_attention"}
+    names = [p["name"] for p in doc["problems"] if p["name"] in groups]
+    shown = [f for f in families if any(i == f or i.startswith(f + "_") for g in groups.values() for i in timed(g))]
     fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(names)), 5))
-    width = 0.8 / len(groups)
-    for g_index, group in enumerate(groups):
-        values = []
+    width = 0.8 / max(1, len(shown))
+    for index, family in enumerate(shown):
+        values, errors = [], [[], []]
         for name in names:
-            impls = {i: r for (s, i, p), r in runs.items() if s == "self_attention" and p == name and "ms" in r}
-            roofline = roofline_ms(impls)
-            times = [r["ms"] for i, r in impls.items() if i == group or i.startswith(group + "_")]
-            values.append(min(times) / roofline if times and roofline else 0)
-        ax.bar([x + g_index * width for x in range(len(names))], values, width, label=group)
-    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="OpenBLAS GEMM roofline")
+            group = groups[name]
+            roof = roofline(group)
+            members = {i: t for i, t in timed(group).items() if i == family or i.startswith(family + "_")}
+            r = ratio(group, min(members, key=members.get), roof) if members and roof else None
+            values.append(r.median if r else 0)
+            errors[0].append(r.median - r.lo if r else 0)
+            errors[1].append(r.hi - r.median if r else 0)
+        ax.bar([x + index * width for x in range(len(names))], values, width, yerr=errors, capsize=2, label=family)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="GEMM roofline")
     ax.set_yscale("log")
-    ax.set_ylabel("time / roofline (lower is faster; best ISA per schedule)")
+    ax.set_ylabel("time / roofline, paired (lower is faster;\nbest ISA per schedule; bars: interval)")
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))])
     ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
-    ax.set_title("Fused BERT self-attention layer, CPU")
+    ax.set_title(f"Fused BERT self-attention layer, {doc['context'].get('device', 'cpu').upper()}, interleaved")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(doc, markdown_path, chart_path=None):
+    pathlib.Path(markdown_path).write_text(markdown(doc))
+    if chart_path:
+        chart(doc, chart_path)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--problems", required=True, help="problem list from attn_bench --problems_json")
-    parser.add_argument("--markdown", required=True)
-    parser.add_argument("--chart", required=True)
-    parser.add_argument("results", nargs="+", help="Google Benchmark JSON files")
+    parser.add_argument("results", help="comparison.json from bench/compare.py")
+    parser.add_argument("--markdown", help="default: beside the results, comparison.md")
+    parser.add_argument("--chart", help="default: beside the results, comparison.png")
     args = parser.parse_args()
-    runs, context = load(args.results)
-    problems = [p for p in json.load(open(args.problems)) if any(k[2] == p["name"] for k in runs)]
-    pathlib.Path(args.markdown).write_text(markdown(runs, context, problems))
-    chart(runs, problems, args.chart)
-    print(f"wrote {args.markdown} and {args.chart}")
+    results = pathlib.Path(args.results)
+    write(json.loads(results.read_text()), args.markdown or results.with_suffix(".md"),
+          args.chart or results.with_suffix(".png"))
 
 
 if __name__ == "__main__":

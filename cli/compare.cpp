@@ -4,8 +4,10 @@
 #include "commands.h"
 #include "support/problem.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <regex>
 
 namespace attn::cli {
@@ -43,65 +45,95 @@ int compare_variants(const BenchOptions &options) {
     } catch (const std::regex_error &e) {
         throw Error("--variants", "'" + options.variants + "' is not a regular expression: " + e.what());
     }
-    const int repetitions = options.repetitions;
-    std::printf("problem %s, %d timed runs per variant\n", problem.name().c_str(), repetitions);
+    const int rounds = options.repetitions;
+    std::printf("problem %s, %d interleaved rounds (each runs every variant once, in a rotating order)\n",
+                problem.name().c_str(), rounds);
     const LayerData data(problem);
     const auto exact = reference::attention_layer<double>(problem.config(), data.weights(), data.inputs());
     const auto float32 = reference::attention_layer<float>(problem.config(), data.weights(), data.inputs());
 
-    std::printf("\n%-26s %-8s %12s %12s %12s %10s\n", "variant", "status", "max error", "tolerance", "median ms",
-                "vs best");
     struct Row {
         std::string name, status, skip_reason;
-        double max_error = 0, tolerance = 0, ms = 0;
+        double max_error = 0, tolerance = 0;
         bool on_cpu = true;
+        std::unique_ptr<Attention> layer;
+        std::vector<double> ms;  // one per round
     };
     std::vector<Row> rows;
+    std::vector<float> y(exact.y.size());
+    const auto y_view = view(y, {problem.batch, problem.s_q, problem.hidden});
     bool all_ok = true;
+    // Each variant runs once first (a warm-up) and is checked against the reference.
     for (const VariantInfo &variant : variants()) {
         if (!std::regex_search(variant.name, variant_filter)) continue;
+        Row row{variant.name};
+        row.on_cpu = variant.device == "cpu";
         if (!variant.runnable) {
-            rows.push_back({variant.name, "skipped", variant.not_runnable_reason});
+            row.status = "skipped", row.skip_reason = variant.not_runnable_reason;
+            rows.push_back(std::move(row));
             continue;
         }
-        Attention layer(problem.config(), data.weights(), variant.name);
-        std::vector<float> y(exact.y.size());
-        auto y_view = view(y, {problem.batch, problem.s_q, problem.hidden});
+        row.layer = std::make_unique<Attention>(problem.config(), data.weights(), variant.name);
         try {
-            layer.forward(data.inputs(), y_view);  // warm-up, and the output checked
-        } catch (const Error &e) {                 // an autoscheduled variant may refuse a shape smaller than its tiles
-            rows.push_back({variant.name, "refused", e.what()});
+            row.layer->forward(data.inputs(), y_view);
+        } catch (const Error &e) {  // an autoscheduled variant may refuse a shape smaller than its tiles
+            row.status = "refused", row.skip_reason = e.what();
+            rows.push_back(std::move(row));
             continue;
         }
         const Accuracy a = check_accuracy(y.data(), exact.y, float32.y);
-        std::vector<double> ms;
-        for (int r = 0; r < repetitions; ++r) {
-            const auto start = std::chrono::steady_clock::now();
-            layer.forward(data.inputs(), y_view);
-            ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-        }
-        rows.push_back({variant.name, a.ok ? "ok" : "WRONG", "", a.max_error, a.tolerance, median(ms),
-                        variant.device == "cpu"});
+        row.status = a.ok ? "ok" : "WRONG", row.max_error = a.max_error, row.tolerance = a.tolerance;
         all_ok = all_ok && a.ok;
         if (!a.ok) std::fprintf(stderr, "%s\n", a.report(variant.name).c_str());
+        rows.push_back(std::move(row));
     }
-    double best = 0;  // of the CPU variants: a GPU variant's time here includes host-device copies
-    for (const Row &r : rows) {
-        if (r.status == "ok" && r.on_cpu && (best == 0 || r.ms < best)) best = r.ms;
+    std::vector<Row *> timed;
+    for (Row &r : rows) {
+        if (r.status == "ok") timed.push_back(&r);
     }
-    for (const Row &r : rows) {
-        if (r.status == "skipped" || r.status == "refused") {
-            std::printf("%-26s %-8s %12s %12s %12s %10s\n", r.name.c_str(), r.status.c_str(), "-", "-", "-", "-");
-        } else {
-            std::printf("%-26s %-8s %12.3g %12.3g %12.3f %9.2fx\n", r.name.c_str(), r.status.c_str(), r.max_error,
-                        r.tolerance, r.ms, r.ms / best);
+    for (int round = 0; round < rounds; ++round) {
+        for (std::size_t n = 0; n < timed.size(); ++n) {
+            Row &r = *timed[(n + std::size_t(round)) % timed.size()];
+            const auto start = std::chrono::steady_clock::now();
+            r.layer->forward(data.inputs(), y_view);
+            r.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
         }
     }
-    for (const Row &r : rows) {
-        if (!r.skip_reason.empty())
-            std::printf("  %s %s: %s\n", r.name.c_str(), r.status.c_str(), r.skip_reason.c_str());
+    // "vs best": paired, round by round, against the CPU variant of lowest median (a GPU
+    // variant's time here includes host-device copies).
+    const Row *best = nullptr;
+    for (bool cpu_only : {true, false}) {  // every timed variant, when none is a CPU one
+        for (const Row *r : timed) {
+            if ((r->on_cpu || !cpu_only) && (!best || median(r->ms) < median(best->ms))) best = r;
+        }
+        if (best) break;
     }
-    std::printf("\n\"vs best\" is against the fastest CPU variant. GPU variants are given host memory here, so\n"
+    std::printf("\n%-26s %-8s %10s %10s %10s %7s  %s\n", "variant", "status", "max error", "tolerance", "median ms",
+                "spread", "vs best [interval]");
+    for (const Row &r : rows) {
+        if (r.ms.empty()) {
+            std::printf("%-26s %-8s %10s %10s %10s %7s  %s\n", r.name.c_str(), r.status.c_str(),
+                        r.status == "WRONG" ? "" : "-", "-", "-", "-", "-");
+            continue;
+        }
+        const double ms = median(r.ms);
+        const double spread = 100 * (*std::max_element(r.ms.begin(), r.ms.end()) -
+                                     *std::min_element(r.ms.begin(), r.ms.end())) / ms;
+        std::vector<double> ratios;
+        for (std::size_t i = 0; i < r.ms.size(); ++i) ratios.push_back(r.ms[i] / best->ms[i]);
+        const auto [lo, hi] = median_interval(ratios);
+        char vs[64];
+        std::snprintf(vs, sizeof vs, "%.2fx [%.2f, %.2f]%s", median(ratios), lo, hi,
+                      &r == best ? "" : (lo <= 1 && 1 <= hi ? " within noise" : ""));
+        std::printf("%-26s %-8s %10.3g %10.3g %10.3f %6.0f%%  %s\n", r.name.c_str(), r.status.c_str(), r.max_error,
+                    r.tolerance, ms, spread, &r == best ? "best" : vs);
+    }
+    for (const Row &r : rows) {
+        if (!r.skip_reason.empty()) std::printf("  %s %s: %s\n", r.name.c_str(), r.status.c_str(), r.skip_reason.c_str());
+    }
+    std::printf("\nTimes are medians over the rounds; spread is (max - min) / median. \"vs best\" is time / the\n"
+                "fastest CPU variant's time, taken round by round: the median, and in brackets an interval\n"
+                "holding the median with at least 90%% confidence. GPU variants are given host memory here, so\n"
                 "their times include the copies to and from the device (tools/bench_gpu.sh times them on\n"
                 "device memory); OpenCL variants run on this machine's OpenCL, which may be a CPU (PoCL).\n");
     std::printf("\nselected on this machine: %s\n", select_variant().name.c_str());

@@ -71,7 +71,7 @@ int main(int argc, char **argv) {
         app.add_subcommand("bench", "Run every variant on a problem, check it against the reference, time it");
     bench_cmd->add_option("--problem", bench.problem, "benchmark problem: " + benchmark_problem_names());
     bench_cmd->add_option("--variants", bench.variants, "only variants whose name matches this regular expression");
-    bench_cmd->add_option("--repetitions", bench.repetitions, "timed runs per variant (median reported)")
+    bench_cmd->add_option("--rounds,--repetitions", bench.repetitions, "interleaved rounds, each timing every variant once (medians reported)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
 

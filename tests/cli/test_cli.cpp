@@ -488,9 +488,15 @@ TEST_F(CliTest, VariantsListsEveryCompiledVariant) {
 }
 
 TEST_F(CliTest, BenchChecksAndTimesTheChosenVariants) {
-    const Result r = attn("bench --problem b1_s128_h384_n12 --variants '^manual_sse41$' --repetitions 2");
+    const Result r = attn("bench --problem b1_s128_h384_n12 --variants '^(manual|autotuned)_sse41$' --rounds 3");
     ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("3 interleaved rounds"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("manual_sse41               ok"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("autotuned_sse41            ok"), std::string::npos) << r.output;
+    // One of the two is the best; the other is given a paired ratio with its interval.
+    EXPECT_NE(r.output.find("  best\n"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("x ["), std::string::npos) << r.output;
+    EXPECT_EQ(attn("bench --problem b1_s128_h384_n12 --variants '^manual_sse41$' --repetitions 2").status, 0);
     const Result unknown = attn("bench --problem b9_nope");
     EXPECT_EQ(unknown.status, 1);
     EXPECT_NE(unknown.output.find("--problem: unknown problem 'b9_nope'; known: b1_s128_h768_n12_pad"),

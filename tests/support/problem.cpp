@@ -168,4 +168,22 @@ double median(std::vector<double> samples) {
     return n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
 }
 
+std::pair<double, double> median_interval(std::vector<double> samples, double level) {
+    if (samples.empty()) return {0, 0};
+    std::sort(samples.begin(), samples.end());
+    const std::size_t n = samples.size();
+    // The largest k with P(Binomial(n, 1/2) <= k - 1) <= (1 - level) / 2, at least 1.
+    std::size_t k = 0;
+    double below = 0, choose = 1;  // choose: C(n, k)
+    while (k + 1 <= n / 2) {
+        const double next = below + choose * std::pow(0.5, double(n));
+        if (2 * next > 1 - level) break;
+        below = next;
+        choose = choose * double(n - k) / double(k + 1);
+        ++k;
+    }
+    k = std::max<std::size_t>(k, 1);
+    return {samples[k - 1], samples[n - k]};
+}
+
 }  // namespace attn::testing

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace attn::testing {
@@ -71,6 +72,10 @@ Accuracy check_accuracy(const float *actual, const std::vector<double> &referenc
                         const std::vector<float> &plain_float32);
 
 double median(std::vector<double> samples);
+// A distribution-free confidence interval of the median: the order statistics
+// x_(k), x_(n+1-k) that cover it with probability at least `level` (bench/report.py
+// computes the same).
+std::pair<double, double> median_interval(std::vector<double> samples, double level = 0.9);
 
 // The problem list shared by the tests and the benchmarks (benchdnn style). Each
 // entry says which model it comes from; `reference_checked` entries are cheap

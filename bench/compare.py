@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""The schedule comparison, interleaved: every variant and every peer of a problem timed
+in the same rounds, so that they see the same machine.
+
+For each problem and stage (the fused layer, then each stage alone at short contexts),
+every implementation is made ready and checked against the reference: the variants and
+the OpenBLAS peers by attn_bench (--serve, a long-lived worker process this script
+drives), PyTorch and ONNX Runtime here (bench/peers.py). Then come --rounds rounds; in
+each, every implementation runs once for at least --min-time seconds, in an order that
+rotates by one from round to round. A round's times are a paired sample: ratios between
+implementations are taken per round, and report.py gives their median with a
+distribution-free confidence interval.
+
+Writes bench/results/comparison.json (every sample), then comparison.md and
+comparison.png through report.py.
+"""
+import argparse
+import json
+import os
+import pathlib
+import platform
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import peers as peer_lib  # noqa: E402
+import report  # noqa: E402
+
+# The autoscheduled variants' schedules were made for S=128: at S >= 4096 one call takes
+# from seconds to a minute, so by default they are left out there (say so with --exclude '').
+DEFAULT_EXCLUDE = r"^[a-z_]+/(mullapudi2016|adams2019|li2018|anderson2021)_[a-z0-9_]+/b\d+_s(4096|8192)_"
+
+
+class Worker:
+    """attn_bench --serve: one JSON answer per command line."""
+
+    def __init__(self, executable):
+        self.process = subprocess.Popen([executable, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, bufsize=1)
+
+    def ask(self, *words):
+        self.process.stdin.write(" ".join(str(w) for w in words) + "\n")
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"compare: attn_bench --serve ended while answering {' '.join(map(str, words))!r}")
+        answer = json.loads(line)
+        if "error" in answer and "name" not in answer:
+            raise SystemExit(f"compare: attn_bench: {answer['error']}")
+        return answer
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+
+
+class WorkerCase:
+    """A case of attn_bench: a variant or an OpenBLAS peer, timed in the worker."""
+
+    def __init__(self, worker, case):
+        self.worker, self.name, self.gflop = worker, case["name"], case["gflop"]
+        self.impl = case["name"].split("/")[1]
+        self.kind = "peer" if self.impl.startswith("openblas") else "variant"
+
+    def prepare(self):
+        return self.worker.ask("prepare", self.name)
+
+    def time(self, seconds):
+        answer = self.worker.ask("time", self.name, seconds)
+        return answer["ms"], answer["runs"]
+
+
+class PythonPeer:
+    """A peer of bench/peers.py, timed here the way the worker times its cases."""
+
+    def __init__(self, peer, problem, data, expected):
+        self.peer, self.problem, self.data, self.expected = peer, problem, data, expected
+        self.impl, self.kind, self.gflop = peer.name, "peer", peer.gflop(problem)
+        self.run = None
+
+    def prepare(self):
+        answer = {"name": self.impl, "ok": True, "error": ""}
+        try:
+            self.run = self.peer.prepare(self.problem, self.data)
+            y = self.peer.output(self.run())
+        except Exception as e:  # a peer that cannot run this problem is reported, not timed
+            return {**answer, "ok": False, "error": f"{type(e).__name__}: {e}"}
+        if self.expected is not None and self.peer.checked:
+            error = float(np.max(np.abs(y.astype(np.float64) - self.expected)))
+            answer["max_error"] = error
+            if not error < 1e-4:
+                return {**answer, "ok": False, "error": f"max error {error:.3g} against the float64 layer"}
+        return answer
+
+    def time(self, seconds):
+        runs, start = 0, time.perf_counter()
+        while True:
+            self.run()
+            runs += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                return elapsed * 1e3 / runs, runs
+
+
+def measure_group(impls, rounds, min_time, pause):
+    """Checks each implementation, then times the good ones in rotating rounds: their
+    results by name, and the order of each round."""
+    results, ready, orders = {}, [], []
+    for impl in impls:
+        answer = impl.prepare()
+        entry = {"kind": impl.kind, "gflop": impl.gflop, "ms": [], "runs": []}
+        for key in ("max_error", "peak_bytes"):
+            if key in answer:
+                entry[key] = answer[key]
+        if not answer["ok"]:
+            entry["error"] = answer["error"]
+            print(f"    {impl.impl}: not timed: {answer['error'][:200]}", file=sys.stderr)
+        else:
+            ready.append(impl)
+        results[impl.impl] = entry
+    for r in range(rounds):
+        shift = r % max(1, len(ready))
+        order = ready[shift:] + ready[:shift]
+        orders.append([impl.impl for impl in order])
+        for impl in order:
+            time.sleep(pause)  # lets the previous implementation's spinning threads go idle
+            ms, runs = impl.time(min_time)
+            results[impl.impl]["ms"].append(ms)
+            results[impl.impl]["runs"].append(runs)
+    return results, orders
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bench", default="build/release/bench/attn_bench", help="the attn_bench executable")
+    parser.add_argument("--out", default="bench/results", help="folder for comparison.json, .md and .png")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per problem and stage (at least 5)")
+    parser.add_argument("--min-time", type=float, default=0.2, help="seconds per sample (at least one run)")
+    parser.add_argument("--pause", type=float, default=0.02, help="seconds between two samples")
+    parser.add_argument("--filter", default=".", help="regex on <stage>/<implementation>/<problem>")
+    parser.add_argument("--exclude", default=DEFAULT_EXCLUDE, help="regex of cases left out (default: the "
+                        "autoscheduled variants at S >= 4096, which take up to a minute per call)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cpu: the CPU variants, OpenBLAS, PyTorch and ONNX Runtime; cuda: the CUDA variants "
+                             "and the PyTorch CUDA peers")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of the CPU peers")
+    parser.add_argument("--no-chart", action="store_true", help="skip comparison.png (needs matplotlib)")
+    args = parser.parse_args()
+    if args.rounds < 5:
+        parser.error("--rounds: at least 5, for a confidence interval of the median")
+    selected = re.compile(args.filter)
+    excluded = re.compile(args.exclude) if args.exclude else None
+
+    def wanted(name):
+        return selected.search(name) and not (excluded and excluded.search(name))
+
+    worker = Worker(args.bench)
+    listing = worker.ask("list")
+    on_device = re.compile(r"_cuda/" if args.device == "cuda" else r"^(?!.*_cuda/)")
+    cases = [c for c in listing["cases"] if on_device.search(c["name"]) and wanted(c["name"])]
+    makers = peer_lib.cuda_peers() if args.device == "cuda" else peer_lib.cpu_peers(args.threads)
+    peers, versions = [], {}
+    for make in makers:
+        try:
+            peer = make()
+        except ImportError as e:
+            print(f"compare: a peer is not available ({e}); left out", file=sys.stderr)
+            continue
+        peers.append(peer)
+        versions[peer.name] = peer.version
+
+    context = {**listing["context"], "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host_name": platform.node(),
+               "python": platform.python_version(), "peers": versions, "rounds": args.rounds,
+               "min_time": args.min_time, "device": args.device, "peer_threads": args.threads,
+               "command": " ".join(sys.argv)}
+    problems, groups = [], []
+    started = time.monotonic()
+    for p in listing["problems"]:
+        by_stage = {}
+        for c in cases:
+            if c["problem"] == p["name"]:
+                by_stage.setdefault(c["stage"], []).append(WorkerCase(worker, c))
+        fused_peers = [peer for peer in peers if wanted(f"self_attention/{peer.name}/{p['name']}")]
+        if fused_peers:
+            data = peer_lib.make_inputs(p)
+            expected = peer_lib.numpy_layer(p, data) if p["reference_checked"] else None
+            by_stage.setdefault("self_attention", []).extend(
+                PythonPeer(peer, p, data, expected) for peer in fused_peers)
+        if not by_stage:
+            continue
+        problems.append(p)
+        for stage, impls in by_stage.items():
+            print(f"compare: {stage}/{p['name']}: {len(impls)} implementations, {args.rounds} rounds "
+                  f"({time.monotonic() - started:.0f} s so far)", file=sys.stderr)
+            results, orders = measure_group(impls, args.rounds, args.min_time, args.pause)
+            groups.append({"stage": stage, "problem": p["name"], "impls": results, "orders": orders})
+        worker.ask("release")
+    worker.close()
+
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"context": context, "problems": problems, "groups": groups}
+    (out / "comparison.json").write_text(json.dumps(doc, indent=1) + "\n")
+    report.write(doc, out / "comparison.md", None if args.no_chart else out / "comparison.png")
+    print(f"compare: wrote comparison.json and its report to {out} in {time.monotonic() - started:.0f} s",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""The interleaved comparison (bench/compare.py, bench/report.py): the statistics, and a
+small run through attn_bench --serve whose rounds must be complete, paired and rotating.
+Usage: test_compare.py ATTN_BENCH WORK_DIR"""
+import json
+import pathlib
+import subprocess
+import sys
+
+root = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(root / "bench"))
+import report  # noqa: E402
+
+
+def check(condition, message):
+    if not condition:
+        raise SystemExit(f"FAIL: {message}")
+
+
+# Order statistics: 7 samples give [min, max] (98% coverage), 9 give [x2, x8] (96%).
+check(report.median_interval([5, 1, 4, 2, 3, 7, 6]) == (1, 7), "interval of 7 samples")
+check(report.median_interval(list(range(1, 10))) == (2, 8), "interval of 9 samples")
+check(report.median([4, 1, 3, 2]) == 2.5, "median of an even count")
+r = report.Ratio([2.0, 2.2, 1.8, 2.0, 2.1], [1.0, 1.0, 1.0, 1.0, 1.0])
+check((r.median, r.lo, r.hi, r.within_noise) == (2.0, 1.8, 2.2, False), f"paired ratio {r}")
+check(report.Ratio([1.0, 1.1, 0.95, 1.0, 1.02], [1.0] * 5).within_noise, "a ratio around 1 is within noise")
+
+bench, work = sys.argv[1], pathlib.Path(sys.argv[2])
+rounds = 5
+cases = "self_attention/(manual_avx2|manual_sse41|openblas_roofline|openblas_unfused)/b1_s128_h384_n12$"
+subprocess.run([sys.executable, str(root / "bench/compare.py"), "--bench", bench, "--out", str(work),
+                "--rounds", str(rounds), "--min-time", "0.005", "--pause", "0", "--filter", cases, "--no-chart"],
+               check=True)
+doc = json.loads((work / "comparison.json").read_text())
+groups = doc["groups"]
+check(len(groups) == 1 and groups[0]["problem"] == "b1_s128_h384_n12", f"one group: {[g['problem'] for g in groups]}")
+impls, orders = groups[0]["impls"], groups[0]["orders"]
+runnable = [name for name, r in impls.items() if "error" not in r]
+check({"manual_sse41", "openblas_roofline", "openblas_unfused"} <= set(runnable), f"timed: {runnable}")
+for name in runnable:
+    r = impls[name]
+    check(len(r["ms"]) == rounds and all(ms > 0 for ms in r["ms"]), f"{name}: one sample per round: {r['ms']}")
+    check(name.startswith("openblas_roofline") or r.get("max_error", 1) < 1e-4, f"{name} was checked: {r}")
+check(len(orders) == rounds and all(sorted(o) == sorted(runnable) for o in orders), "each round runs everything once")
+for r in range(1, rounds):
+    check(orders[r] == orders[r - 1][1:] + orders[r - 1][:1], f"round {r} rotates the order of round {r - 1}")
+text = (work / "comparison.md").read_text()
+check("manual_sse41" in text and "x roofline" in text and "[" in text, "the report shows paired ratios")
+print("compare: interleaved rounds complete, paired and rotating; statistics right")
