@@ -51,7 +51,7 @@ using testing::Problem;
 
 // Long contexts are benchmarked as a fused layer only: each S×S stage buffer
 // would be B·heads·S² floats (768 MiB at S=4096).
-constexpr int64_t kLongestStageSeq = 512;
+constexpr int64_t kLongestStageSeq = 384;
 
 struct Work {
     double flops = 0, bytes = 0;

@@ -98,10 +98,18 @@ function(_attn_stage_libraries schedule isa runtime out_var)
     set(${out_var} "${libraries}" PARENT_SCOPE)
 endfunction()
 
+# The fast edit loop: -DATTN_ONLY_VARIANTS=<regex> builds only the variants whose name
+# (<schedule>_<isa>) matches, e.g. '^manual_avx2$', so that a schedule change rebuilds in
+# about a minute. Empty (the default): every variant of the list.
+set(ATTN_ONLY_VARIANTS "" CACHE STRING "Build only the variants whose name matches this regex (empty: all)")
+
 # A variant of the variant list: linked into the runtime, dispatched, tested, benchmarked.
 # Its objects go into the per-ISA library attn_kernels_<isa> (every schedule for that
 # ISA), which is what the runtime links and what `cmake --install` ships.
 function(attn_variant schedule isa)
+    if (ATTN_ONLY_VARIANTS AND NOT "${schedule}_${isa}" MATCHES "${ATTN_ONLY_VARIANTS}")
+        return()
+    endif ()
     if (schedule STREQUAL "autotuned")  # built where tools/autotune.sh froze every function
         # CONFIGURE_DEPENDS: a parameter file added later reconfigures the build.
         file(GLOB tuned CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/schedules/autotuned/${isa}/*.json")

@@ -28,19 +28,27 @@ struct Dims {
     Halide::Var head_dim{"head_dim"};  // feature index within one head, [0, d)
     Halide::Var key{"key"};          // j, the attended-to position
     Halide::Var query{"query"};      // i, the attending position
+    // The flash core's blocks (FlashAttention below): i = query_block · Q + query_in_block,
+    // and j = key_block · K + key_chunk · C + key_in_chunk, for Q, K and C the sizes of a
+    // query block, a key block and a chunk of keys.
+    Halide::Var query_block{"query_block"}, query_in_block{"query_in_block"};
+    Halide::Var key_block{"key_block"}, key_chunk{"key_chunk"}, key_in_chunk{"key_in_chunk"};
 };
 
 // y = x · Wᵀ + b with nn.Linear's weight [out, in]: out(o, s, b) = bias(o) + Σ_k in(k, s, b) · weight(k, o).
-// Square weights (H × H), `tokens` rows of `in` per batch.
+// Square weights (H × H), `tokens` rows of `in` per batch. Given `rows` (rows(b): how many
+// leading rows of batch b are used), only those are computed: `out` is then undefined
+// past them and computed by an update over `row`, whose loop stops there.
 struct Linear {
     Halide::Func input;              // (in, seq, batch): what is projected
     Halide::Func weight_transposed;  // (out, in): lets a schedule vectorize over output features
     Halide::Func product;            // (out, seq, batch): Σ_k in · Wᵀ, the GEMM
     Halide::Func out;                // (out, seq, batch): product + bias
     Halide::RDom k;
+    Halide::RDom row;                // the rows computed, when only some are; else undefined
 };
 Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Halide::Func bias,
-              Halide::Expr features, Halide::Expr tokens);
+              Halide::Expr features, Halide::Expr tokens, Halide::Func rows = Halide::Func());
 
 // Head view of a [B, S, H] tensor: (head_dim, head, seq, batch), the transpose_for_scores view.
 Halide::Func split_heads(const std::string &name, Halide::Func tensor, Halide::Expr head_dim);
@@ -99,13 +107,63 @@ OutputLayerNorm output_layernorm(Halide::Func ctx_heads, Halide::Func residual, 
                                  Halide::Expr eps, Halide::Expr head_dim, Halide::Expr heads,
                                  Halide::Expr hidden, Halide::Expr tokens);
 
+// The block sizes of the flash core (generator parameters query_block, key_block and
+// key_chunk). They belong to the algorithm: the online softmax folds in one key block at a
+// time, and the keys of a block are computed a chunk at a time.
+struct Blocking {
+    int query_block;
+    int key_block;  // rounded up to whole chunks
+    int key_chunk;
+    int chunks() const { return (key_block + key_chunk - 1) / key_chunk; }
+};
+
+// One past the last real key of each batch (0 if none): key_end(b).
+Halide::Func last_real_key(Halide::Func key_padding_mask, Halide::Expr s_k);
+
+// The attention core without an S_q × S_k buffer (flash-style), for the fused layer when
+// the probabilities are not an output: the queries in blocks of Q = query_block, the keys
+// in blocks of K = key_block. For each query block, the key blocks are folded in one at
+// a time with an online softmax: a block's scores, their max m_b, the exponentials
+// exp(s − m_b), their sum l_b and their weighted sum of V c_b are merged into a running
+// (context, max, sum) = (c, m, l) as m' = max(m, m_b), c' = c·exp(m − m') + c_b·exp(m_b − m')
+// and l' = l·exp(m − m') + l_b·exp(m_b − m'); the context is c / l at the end (zeros where
+// l = 0: no key kept). Keys that no query of the block may see are never visited: the
+// loop over key blocks, and within the last block visited the loop over its chunks of
+// key_chunk keys, stop at the causal diagonal of the block's last query and at the
+// batch's last real key. Masks and the bias apply per score as in MaskedSoftmax.
+struct FlashAttention {
+    Halide::Func keys;           // (key, head_dim, head, batch): K packed per head, keys innermost
+    Halide::Func values;         // (head_dim, key, head, batch): V packed per head
+    // Per (key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch):
+    Halide::Func dot;            // Q·Kᵀ
+    Halide::Func scores;         // dot / √d + bias; an update over the chunks visited, undefined elsewhere
+    Halide::Func block_exp;      // exp(score − block_max), 0 where excluded; an update like scores
+    // Per (query_in_block, query_block, key_block, head, batch):
+    Halide::Func block_max, block_sum;
+    Halide::Func block_context;  // (head_dim, query_in_block, ...): Σ exp · V over the block
+    Halide::Func running;        // (head_dim, query_in_block, query_block, head, batch): Tuple(context, max, sum)
+    Halide::Func ctx;            // (head_dim, head, query, batch): context / sum, as WeightedSum's ctx
+    Halide::RDom e;              // the head dimension, for Q·Kᵀ
+    Halide::RDom key_in_block;   // (key_in_chunk, key_chunk): the chunks of a block a query block may see
+    Halide::RDom key_blocks;     // the key blocks visited
+    Blocking blocking;
+};
+FlashAttention flash_attention(Halide::Func q_heads, Halide::Func k_heads, Halide::Func v_heads,
+                               Halide::Func key_padding_mask, Halide::Func key_end, Halide::Func bias,
+                               Halide::Expr causal, Halide::Expr head_dim, Halide::Expr s_q, Halide::Expr s_k,
+                               Blocking blocking);
+
 // The whole layer, with every intermediate Func named so schedules can reach it.
 struct AttentionLayer {
     Linear q, k, v;
     Halide::Func q_heads, k_heads, v_heads;
+    // With the probabilities as an output, the exact stages (scores, softmax, weighted
+    // sum); otherwise the flash core, and these are left undefined.
     Scores scores;
     MaskedSoftmax softmax;
     WeightedSum context;
+    Halide::Func key_end;  // the flash core's: last_real_key
+    FlashAttention flash;  // defined when the probabilities are not an output
     OutputLayerNorm output;
 };
 
@@ -115,6 +173,8 @@ struct LayerInputs {
     Halide::Func key_padding_mask;  // (key, batch)
     Halide::Func bias;              // (key, query, head, batch)
     Halide::Expr causal, heads, eps, hidden, s_q, s_k;
+    bool output_probs = false;  // the exact stages, whose probabilities are an output; else the flash core
+    Blocking blocking;          // the flash core's blocks
 };
 AttentionLayer attention_layer(const LayerInputs &in);
 

@@ -48,6 +48,8 @@ public:
         in.key_padding_mask = key_padding_mask;
         in.bias = bias;
         in.causal = causal, in.heads = heads, in.eps = eps;
+        in.output_probs = output_probs;
+        in.blocking = this->blocking();
         in.hidden = x.dim(0).extent();
         in.s_q = x.dim(1).extent();
         in.s_k = kv ? (*kv).dim(1).extent() : x.dim(1).extent();

@@ -28,11 +28,21 @@ public:
     // The hand-written schedule's parameters (schedules/cpu_manual.h); other sources ignore them.
     Halide::GeneratorParam<int> tile_rows{"tile_rows", attn_sched::CpuTiling{}.tile_rows, 1, 8};
     Halide::GeneratorParam<int> tile_vectors{"tile_vectors", attn_sched::CpuTiling{}.tile_vectors, 1, 6};
-    Halide::GeneratorParam<int> query_block{"query_block", attn_sched::CpuTiling{}.query_block, 1, 1024};
+    // 0: the target's default (attn_sched::default_query_block).
+    Halide::GeneratorParam<int> query_block{"query_block", 0, 0, 1024};
     Halide::GeneratorParam<int> context_vectors{"context_vectors", attn_sched::CpuTiling{}.context_vectors, 1, 6};
+    // Keys per block of the flash core (the fused layer without probabilities; its query
+    // blocks are query_block); 0: the target's default (attn_sched::default_key_block).
+    Halide::GeneratorParam<int> key_block{"key_block", 0, 0, 4096};
 
     attn_sched::CpuTiling tiling() const {
-        return {int(tile_rows), int(tile_vectors), int(query_block), int(context_vectors)};
+        return {int(tile_rows), int(tile_vectors), attn_sched::default_query_block(this->get_target(), query_block),
+                blocking().key_block, int(context_vectors)};
+    }
+    attn_gen::Blocking blocking() const {
+        const Halide::Target &t = this->get_target();
+        return {attn_sched::default_query_block(t, query_block),
+                key_block > 0 ? int(key_block) : attn_sched::default_key_block(t), attn_sched::key_chunk(t, tile_vectors)};
     }
 
     int estimate_batch() const {

@@ -38,18 +38,22 @@ void vectorized_row_reduction(Func reduction, RVar along, LoopLevel at, const Ta
     reduction.update().split(along, outer, lane, vector_width(target), kGuard).atomic().vectorize(lane);
 }
 
-// A projection's output (o, s, b), e.g. product + bias, computed with the GEMM
+// A projection's output (o, s, b), e.g. product + bias, computed at `at` with the GEMM
 // `product` as a register tile per (panel of output features, block of rows). Panels
 // run in parallel; each transposes its slice of the weight once (a packed panel: the
 // tile's loads are contiguous) and reuses it for every row block of every batch.
+// `rows` is the loop over rows: the pure seq, or the update's RVar when only some rows
+// are computed (attn_gen::Linear::row).
 void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const std::vector<RVar> &reduction,
-                         const CpuTiling &t, const Target &target) {
+                         VarOrRVar rows, LoopLevel at, const CpuTiling &t, const Target &target) {
     const int vw = vector_width(target), panel = vw * t.tile_vectors;
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
-    Var oo{"oo"}, oi{"oi"}, so{"so"}, si{"si"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
-    out.compute_root()
-        .split(o, oo, oi, panel, kGuard)
-        .split(s, so, si, t.tile_rows, kGuard)
+    Var oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
+    VarOrRVar so("so", rows.is_rvar), si("si", rows.is_rvar);
+    out.compute_at(at);
+    Stage stage = out.has_update_definition() ? Stage(out.update()) : Stage(out);
+    stage.split(o, oo, oi, panel, kGuard)
+        .split(rows, so, si, t.tile_rows, kGuard)
         .reorder(oi, si, so, b, oo)
         .vectorize(oi, vw, kGuard)
         .parallel(oo);
@@ -62,25 +66,32 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
     register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target);
 }
 
-void schedule_projection(attn_gen::Linear l, const CpuTiling &t, const Target &target) {
-    schedule_panel_gemm(l.out, l.weight_transposed, l.product, {l.k}, t, target);
+void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, const Target &target) {
+    const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
+    schedule_panel_gemm(l.out, l.weight_transposed, l.product, {l.k}, rows, at, t, target);
 }
 
-// Q·Kᵀ for the rows of `block` (a block of queries, all keys): register tiles of
-// t.tile_vectors vectors of keys (K is transposed per head so keys are contiguous) by
-// t.tile_rows queries, the head dimension reduced; each tile of K is reused by every
-// row tile of the block while it is in L1.
+// The reduction `product` (col, row, ...) over the columns and rows needed at `at`,
+// stored there: register tiles of `column_vectors` vectors of `col` by t.tile_rows rows,
+// each reducing over `reduction`; each tile of the column operand is reused by every
+// row tile while it is in L1.
+void tiled_rows(Func product, const Var &col, const Var &row, const std::vector<RVar> &reduction,
+                int column_vectors, LoopLevel at, const CpuTiling &t, const Target &target) {
+    const int vw = vector_width(target), columns = vw * column_vectors;
+    Var co{"co"}, ci{"ci"}, ro{"ro"}, ri{"ri"};
+    Func rows = product.in();
+    rows.compute_at(at)
+        .split(col, co, ci, columns, kGuard)
+        .split(row, ro, ri, t.tile_rows, kGuard)
+        .reorder(ci, ri, ro, co)
+        .vectorize(ci, vw, kGuard);
+    register_tile(product, col, row, reduction, columns, LoopLevel(rows, ro), t, target);
+}
+
+// Q·Kᵀ for the rows of `block` (a block of queries, all keys): K is transposed per
+// head so keys are contiguous.
 void schedule_dot_rows(attn_gen::Scores sc, LoopLevel block, const CpuTiling &t, const Target &target) {
-    const int vw = vector_width(target), columns = vw * t.tile_vectors;
-    const Var &j = dims.key, &i = dims.query;
-    Var jo{"jo"}, ji{"ji"}, ir{"ir"}, ii{"ii"};
-    Func dot_rows = sc.dot.in();
-    dot_rows.compute_at(block)
-        .split(j, jo, ji, columns, kGuard)
-        .split(i, ir, ii, t.tile_rows, kGuard)
-        .reorder(ji, ii, ir, jo)
-        .vectorize(ji, vw, kGuard);
-    register_tile(sc.dot, j, i, {sc.e}, columns, LoopLevel(dot_rows, ir), t, target);
+    tiled_rows(sc.dot, dims.key, dims.query, {sc.e}, t.tile_vectors, block, t, target);
 }
 
 // Row max, exponentials, row sum and probabilities for the rows computed at `at`;
@@ -117,8 +128,8 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
     const int vw = vector_width(target);
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var so{"so"}, si{"si"};
-    schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, {n.in_feature.x, n.in_feature.y}, t,
-                        target);
+    schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, {n.in_feature.x, n.in_feature.y}, s,
+                        LoopLevel::root(), t, target);
     n.y.compute_root()
         .split(s, so, si, t.tile_rows, kGuard)
         .reorder(o, si, so, b)
@@ -132,7 +143,7 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
 
 void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v,
                                  const CpuTiling &t, const Target &target) {
-    for (attn_gen::Linear l : {q, k, v}) schedule_projection(l, t, target);
+    for (attn_gen::Linear l : {q, k, v}) schedule_projection(l, LoopLevel::root(), t, target);
 }
 
 void schedule_attention_scores_cpu(attn_gen::Scores sc, const CpuTiling &t, const Target &target) {
@@ -166,21 +177,68 @@ void schedule_output_layernorm_cpu(attn_gen::OutputLayerNorm n, const CpuTiling 
     schedule_output(n, t, target);
 }
 
+namespace {
+
+// The flash core (attn_gen::FlashAttention): the (head, batch) pairs run in parallel;
+// each packs its head's K once, then for each block of query rows visits the key blocks
+// one after another, each computing its scores (register tiles of one chunk of keys by
+// tile_rows queries), their row max, exponentials and row sum (vectorized across keys),
+// its share of the weighted sum (register tiles over V), then folding them into the
+// running context. A block's scores and exponentials are query_block × key_block floats
+// (on the stack), in L2 whatever S is. The projections of K and V compute each batch's
+// rows only up to the last key some query may see (attn_gen::Linear::row).
+void schedule_flash_core(attn_gen::AttentionLayer l, const CpuTiling &t, const Target &target) {
+    attn_gen::FlashAttention &f = l.flash;
+    const int vw = vector_width(target);
+    const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch, &j = dims.key;
+    const Var &qi = dims.query_in_block, &kl = dims.key_in_chunk;
+    const RVar &lane = f.key_in_block.x, &key_block = f.key_blocks.x;
+    Var io{"io"}, ii{"ii"}, head_batch{"head_batch"}, qo{"qo"}, qii{"qii"};
+    // RoundUp: a block of rows is exactly one query block of the algorithm (ctx is
+    // internal, so the rows past S_q are only computed, never stored to an output).
+    f.ctx.compute_root()
+        .split(i, io, ii, f.blocking.query_block, TailStrategy::RoundUp)
+        .reorder(e, ii, io, h, b)
+        .fuse(h, b, head_batch)
+        .parallel(head_batch)
+        .vectorize(e, vw, kGuard);
+    LoopLevel pair(f.ctx, head_batch), rows(f.ctx, io);
+    for (attn_gen::Linear p : {l.q, l.k, l.v}) schedule_projection(p, LoopLevel::root(), t, target);
+    l.key_end.compute_root();
+    f.keys.compute_at(pair).vectorize(j, vw, kGuard);
+    f.values.compute_at(pair).vectorize(e, vw, kGuard);
+
+    // Not GuardWithIf: its tail test inside the loop over key blocks keeps Halide from
+    // turning the key-block predicate into that loop's bound (the running state is
+    // internal, so rounding e up only computes a few lanes more).
+    f.running.compute_at(rows).vectorize(e, vw);
+    f.running.update().reorder(e, qi, key_block).vectorize(e, vw);
+    LoopLevel step(f.running, key_block);
+    f.scores.compute_at(step).store_in(MemoryType::Stack);
+    f.scores.update()
+        .split(qi, qo, qii, t.tile_rows, kGuard)
+        .reorder(lane, qii, qo, f.key_in_block.y)
+        .vectorize(lane, vw);
+    register_tile(f.dot, kl, qi, {f.e}, f.blocking.key_chunk, LoopLevel(f.scores, qo), t, target);
+    vectorized_row_reduction(f.block_max, lane, step, target);
+    f.block_exp.compute_at(step).store_in(MemoryType::Stack);
+    f.block_exp.update().vectorize(lane, vw);
+    vectorized_row_reduction(f.block_sum, lane, step, target);
+    tiled_rows(f.block_context, e, qi, {lane, f.key_in_block.y}, t.context_vectors, step, t, target);
+}
+
+}  // namespace
+
 void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_output, const CpuTiling &t,
                                   const Target &target) {
     const int vw = vector_width(target);
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
-    schedule_qkv_projection_cpu(l.q, l.k, l.v, t, target);
-
-    // Attention core, flash-style on CPU: per (batch, head), a block of t.query_block query
-    // rows at a time computes its scores, softmax and weighted sum, so memory stays O(S).
-    Var io{"io"}, head_batch{"head_batch"};
-    schedule_context(l.context, t, target);
-    l.context.ctx.fuse(h, b, head_batch).parallel(head_batch);
-
     if (probs_are_output) {
         // The caller asked for the probabilities: they are an S×S output anyway.
-        Var pio{"pio"}, pii{"pii"};
+        schedule_qkv_projection_cpu(l.q, l.k, l.v, t, target);
+        Var head_batch{"head_batch"}, pio{"pio"}, pii{"pii"};
+        schedule_context(l.context, t, target);
+        l.context.ctx.fuse(h, b, head_batch).parallel(head_batch);
         l.softmax.probs.compute_root()
             .split(i, pio, pii, t.query_block, kGuard)
             .reorder(j, pii, pio, h, b)
@@ -192,12 +250,7 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
         schedule_dot_rows(l.scores, rows, t, target);
         schedule_softmax_rows(l.softmax, rows, false, target);
     } else {
-        LoopLevel block(l.context.ctx, io);
-        // The scaled, biased scores once per block: both softmax passes read them.
-        l.scores.scores.compute_at(block).vectorize(j, vw, kGuard);
-        l.scores.key_transposed.compute_at(l.context.ctx, head_batch).vectorize(j, vw, kGuard);
-        schedule_dot_rows(l.scores, block, t, target);
-        schedule_softmax_rows(l.softmax, block, true, target);
+        schedule_flash_core(l, t, target);
     }
     schedule_output(l.output, t, target);
 }

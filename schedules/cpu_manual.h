@@ -1,16 +1,12 @@
 // Hand-written expert CPU schedules, one per generator: GEMM-shaped reductions in
-// register tiles (4 rows × 3 vectors, 12 accumulators) over packed weight panels, an
-// attention core that keeps one block of query rows' scores in cache (flash-style:
-// no S×S buffer unless probabilities are an output, memory O(S)), softmax fused into
-// the scores, the residual and LayerNorm into the output projection's epilogue.
+// register tiles (4 rows × 3 vectors, 12 accumulators) over packed weight panels; the
+// fused layer's flash core (attn_gen::FlashAttention) a query block at a time, each key
+// block's scores and exponentials in L2 (no S×S buffer unless probabilities are an
+// output, memory O(S)); the residual and LayerNorm in the output projection's epilogue.
 // GuardWithIf on every split of an output: shapes are runtime values (S = 1, 97,
 // 113, d = 40, ...); register tiles at an edge stay whole thanks to the algorithm's
-// clamped reads, and what they compute past the edge is never stored.
-//
-// Reached (fused self_attention, attn_bench on the 2-core AMD EPYC (Zen, AVX2) dev
-// machine, 2026-11-21, same run as the OpenBLAS sgemm roofline of the layer's GEMMs):
-// BERT-base B=1 S=128 manual_avx2 4.56 ms = 1.04x the roofline (4.39 ms); S=2048
-// 219 ms = 1.43x (153 ms). The full table is bench/results/comparison.md.
+// clamped reads, and what they compute past the edge is never stored. The measured
+// comparison is bench/results/comparison.md.
 #pragma once
 
 #include "../generators/attention_algorithm.h"
@@ -18,8 +14,8 @@
 namespace attn_sched {
 
 // The hand-written schedules' own parameters (generator parameters tile_rows,
-// tile_vectors, query_block, context_vectors; tools/autotune.py searches them). The
-// defaults are what the header above reached.
+// tile_vectors, query_block, key_block, context_vectors; tools/autotune.py searches
+// them).
 struct CpuTiling {
     // The register tile of every GEMM-shaped reduction: tile_rows rows by tile_vectors
     // vectors of accumulators (12 of the 16 vector registers of SSE/AVX2, leaving room
@@ -28,11 +24,15 @@ struct CpuTiling {
     // the whole reduction; the algorithm clamps edge reads, so edge tiles are whole too.
     int tile_rows = 4;
     int tile_vectors = 3;
-    // Query rows per block of the attention core: a block's scores, softmax and weighted
-    // sum are computed together (flash-style), and each tile of K or V loaded for it is
-    // reused by all of its rows, so larger blocks stream K and V fewer times at long
-    // contexts; the block's scores (3 × 32 × S_k floats) stay in L2 up to S_k ≈ 1500.
-    int query_block = 32;
+    // Query rows per block of the attention core (of the flash core's algorithm, and of
+    // the stages' schedules): each tile of K or V loaded for a block is reused by all of
+    // its rows, so larger blocks stream K and V fewer times at long contexts; a block's
+    // scores and exponentials (query_block × key_block floats each) stay in L2.
+    int query_block = 64;
+    // Keys per block of the flash core (rounded up to whole chunks of tile_vectors vectors):
+    // the online softmax folds in one key block at a time, so larger blocks rescale the
+    // running context less often, and a block's scores stay in L2 up to about 1024.
+    int key_block = 512;
     // The weighted sum's tile: context_vectors vectors of the head dimension (16 floats
     // on AVX2 divide d = 32, 64, 80) by tile_rows query rows.
     int context_vectors = 2;

@@ -1,5 +1,7 @@
 #include "gpu_manual.h"
 
+#include <algorithm>
+
 namespace attn_sched {
 
 using namespace Halide;
@@ -28,10 +30,6 @@ struct GemmTile {
     int rows() const { return kRowThreads * rows_per_thread; }
 };
 constexpr GemmTile kGemm{};
-
-// The fused attention core: query rows per block, and keys per staged chunk.
-constexpr int kQueryBlock = 32;
-constexpr int kKeyChunk = 32;
 
 // An operand tile of a reduction to stage in shared memory: the Func its consumer
 // calls, and which of its arguments is contiguous in memory (read along lanes, so
@@ -64,11 +62,16 @@ struct Gemm {
 // whose update reduces over `k` and then `outer_k` (e.g. the heads of a head-view
 // input). `blocks` are the out's remaining dimensions, fused into the third block
 // index. An operand with an undefined Func is left to the caller to schedule.
-Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std::vector<Var> &blocks, RVar k,
+// `row` is the out's loop over rows: a pure Var, or the RVar of an update that computes
+// only some rows (attn_gen::Linear::row); the tiles are then the update's.
+Gemm gpu_gemm(Func out, Func product, const Var &col, VarOrRVar row, const std::vector<Var> &blocks, RVar k,
               const std::vector<RVar> &outer_k, Operand a, Operand b, const GemmTile &t = kGemm) {
-    Var co{"co"}, ci{"ci"}, ro{"ro"}, ri{"ri"}, lane{"lane"}, cu{"cu"}, rt{"rt"}, ru{"ru"};
-    out.compute_root()
-        .tile(col, row, co, ro, ci, ri, t.cols(), t.rows(), kGuard)
+    Var co{"co"}, ci{"ci"}, lane{"lane"}, cu{"cu"};
+    VarOrRVar ro("ro", row.is_rvar), ri("ri", row.is_rvar), rt("rt", row.is_rvar), ru("ru", row.is_rvar);
+    out.compute_root();
+    Stage stage = out.has_update_definition() ? Stage(out.update()) : Stage(out);
+    stage.split(col, co, ci, t.cols(), kGuard)
+        .split(row, ro, ri, t.rows(), kGuard)
         .split(ci, lane, cu, t.cols_per_thread)
         .split(ri, rt, ru, t.rows_per_thread);
     std::vector<VarOrRVar> out_order{cu, ru, lane, rt, co, ro};
@@ -76,15 +79,15 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std:
         Var block_z = blocks[0];
         for (std::size_t n = 1; n < blocks.size(); ++n) {
             Var fused{"blocks_" + std::to_string(n)};
-            out.fuse(block_z, blocks[n], fused);
+            stage.fuse(block_z, blocks[n], fused);
             block_z = fused;
         }
         out_order.push_back(block_z);
-        out.reorder(out_order).gpu_blocks(co, ro, block_z);
+        stage.reorder(out_order).gpu_blocks(co, ro, block_z);
     } else {
-        out.reorder(out_order).gpu_blocks(co, ro);
+        stage.reorder(out_order).gpu_blocks(co, ro);
     }
-    out.gpu_threads(lane, rt).unroll(cu).unroll(ru);
+    stage.gpu_threads(lane, rt).unroll(cu).unroll(ru);
 
     // The block's accumulator, in shared memory; whole tiles (the algorithm clamps
     // reads past the edge), so its size is a constant.
@@ -93,28 +96,31 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std:
     for (std::size_t n = 0; n < outer_k.size(); ++n) preserved.push_back({outer_k[n], Var("outer_k" + std::to_string(n))});
     Func thread_tile = product.update().split(k, ko, ki, t.k_chunk, kGuard).rfactor(preserved);
 
+    // The product's own row: `row`, or for an update's RVar the product's seq (its second argument).
+    const Var product_row = row.is_rvar ? product.args()[1] : row.var;
+    Var prt{"rt"}, pru{"ru"};
     product.compute_at(out, co)
         .bound_extent(col, t.cols())
-        .bound_extent(row, t.rows())
+        .bound_extent(product_row, t.rows())
         .split(col, lane, cu, t.cols_per_thread)
-        .split(row, rt, ru, t.rows_per_thread)
-        .reorder(cu, ru, lane, rt)
-        .gpu_threads(lane, rt)
+        .split(product_row, prt, pru, t.rows_per_thread)
+        .reorder(cu, pru, lane, prt)
+        .gpu_threads(lane, prt)
         .unroll(cu)
-        .unroll(ru);
-    std::vector<VarOrRVar> order{cu, ru, lane, rt, ko};
+        .unroll(pru);
+    std::vector<VarOrRVar> order{cu, pru, lane, prt, ko};
     order.insert(order.end(), outer_k.begin(), outer_k.end());
     product.update()
         .split(col, lane, cu, t.cols_per_thread)
-        .split(row, rt, ru, t.rows_per_thread)
+        .split(product_row, prt, pru, t.rows_per_thread)
         .reorder(order)
-        .gpu_threads(lane, rt)
+        .gpu_threads(lane, prt)
         .unroll(cu)
-        .unroll(ru);
+        .unroll(pru);
 
     // Each thread's chunk: a register tile reducing over the chunk's k.
-    thread_tile.compute_at(product, lane).store_in(MemoryType::Register).unroll(col).unroll(row);
-    thread_tile.update().reorder(col, row, ki).unroll(col).unroll(row);
+    thread_tile.compute_at(product, lane).store_in(MemoryType::Register).unroll(col).unroll(product_row);
+    thread_tile.update().reorder(col, product_row, ki).unroll(col).unroll(product_row);
 
     LoopLevel chunk(product, ko);
     if (a.func.defined()) stage_in_shared(a.func.in(thread_tile), a.contiguous_arg, a.other_arg, chunk);
@@ -153,25 +159,14 @@ RowReduction warp_row_reduction(Func reduction, RVar along, const Var &row, Loop
     return {partials, LoopLevel(partials, chunk), rs};
 }
 
-// A (key, query, ...) Func of the rows at `at`: lanes along keys, warps along rows.
-void rows_along_lanes(Func f, LoopLevel at) {
-    const Var &j = dims.key, &i = dims.query;
-    Var jo{"jo"}, lane{"lane"}, rs{"rs"}, rt{"rt"};
-    f.compute_at(at)
-        .store_in(MemoryType::GPUShared)
-        .split(j, jo, lane, kLanes, kGuard)
-        .split(i, rs, rt, kRowThreads, kGuard)
-        .reorder(jo, rs, lane, rt)
-        .gpu_threads(lane, rt);
-}
-
 }  // namespace
 
 void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     // input(k, s, b) and weight_transposed(o, k) = weight(k, o): k is contiguous in both.
     for (attn_gen::Linear l : {q, k, v}) {
-        gpu_gemm(l.out, l.product, o, s, {b}, l.k, {}, {l.input, 0, 1}, {l.weight_transposed, 1, 0});
+        const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(s);
+        gpu_gemm(l.out, l.product, o, rows, {b}, l.k, {}, {l.input, 0, 1}, {l.weight_transposed, 1, 0});
     }
 }
 
@@ -221,43 +216,73 @@ void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm n) {
 
 namespace {
 
-// The attention core without an S×S buffer: a block per (kQueryBlock query rows, 64
-// features of a head, head, batch). Three passes over the keys, each recomputing the
-// scores of a chunk of keys from Q (staged once per block) and the chunk of K (staged
-// per chunk): the row max, the row sum, and probs·V (probs of the chunk in shared
-// memory, V's chunk staged).
-void schedule_flash_core(attn_gen::AttentionLayer l) {
-    const Var &i = dims.query, &e = dims.head_dim, &h = dims.head, &b = dims.batch;
-    attn_gen::MaskedSoftmax &m = l.softmax;
-    attn_gen::Scores &sc = l.scores;
-    GemmTile tile;
-    tile.k_chunk = kKeyChunk;
-    static_assert(kQueryBlock == kRowThreads * GemmTile{}.rows_per_thread, "a block's rows are one GEMM tile");
-    Gemm core = gpu_gemm(l.context.ctx, l.context.ctx_sum, e, i, {h, b}, l.context.j, {}, {}, {l.v_heads, 0, 2},
-                         tile);
+// The flash core (attn_gen::FlashAttention): a GPU block per (query block, head, batch),
+// whose shared memory holds the running (context, max, sum) of its queries. Key blocks
+// one after another: the block's scores (a thread per (key, query), lanes along the keys
+// of a chunk, each reducing its Q·K in registers), their row max and sum (a thread per
+// query), the exponentials, and the weighted sum of V (lanes along the head dimension),
+// all in shared memory, then the running values updated by the thread that owns them.
+// Nothing of size S_q × S_k exists.
+void schedule_flash_core(attn_gen::FlashAttention f) {
+    const Var &e = dims.head_dim, &i = dims.query, &h = dims.head, &b = dims.batch;
+    const Var &qi = dims.query_in_block;
+    const RVar &lane = f.key_in_block.x, &chunk = f.key_in_block.y;
+    Var qb{"qb"}, ii{"ii"}, eo{"eo"}, e_lane{"e_lane"}, ro{"ro"}, rt{"rt"};
+    f.ctx.compute_root()
+        .split(i, qb, ii, f.blocking.query_block, kGuard)
+        .split(e, eo, e_lane, kLanes, kGuard)
+        .split(ii, ro, rt, kRowThreads, kGuard)
+        .reorder(eo, ro, e_lane, rt, h, qb, b)
+        .gpu_blocks(h, qb, b)
+        .gpu_threads(e_lane, rt);
+    LoopLevel block(f.ctx, h);
 
-    // Pass 3: the chunk's probabilities, each score recomputed by the thread that needs it.
-    rows_along_lanes(m.probs, core.chunk);
-    sc.dot.compute_at(m.probs, Var("jo")).store_in(MemoryType::Register);
-
-    // Passes 1 and 2: the row max and the row sum over chunks of 32 keys, each with its
-    // own copy of the scores and their dot products, computed where they are used.
-    // (Halide 21 lets a Func be cloned once, so the second copy is a clone of the first.)
-    RowReduction max_pass = warp_row_reduction(m.row_max, m.j.x, i, core.block, true);
-    RowReduction sum_pass = warp_row_reduction(m.row_sum, m.j.x, i, core.block, true);
-    Func exp_sum = m.exp_scores.clone_in(sum_pass.partials);
-    Func scores_max = sc.scores.clone_in({max_pass.partials, exp_sum});
-    Func scores_sum = scores_max.clone_in(exp_sum);
-    Func dot_max = sc.dot.clone_in({scores_max, scores_sum});
-    Func dot_sum = dot_max.clone_in(scores_sum);
-    dot_max.compute_at(max_pass.partials, max_pass.row_inner).store_in(MemoryType::Register);
-    dot_sum.compute_at(sum_pass.partials, sum_pass.row_inner).store_in(MemoryType::Register);
-
-    // Q once per block, K once per chunk of each pass.
-    stage_in_shared(sc.query_heads.in({sc.dot, dot_max, dot_sum}), 0, 2, core.block);
-    stage_in_shared(sc.key_transposed.in(sc.dot), 1, 0, core.chunk);
-    stage_in_shared(sc.key_transposed.in(dot_max), 1, 0, max_pass.chunk);
-    stage_in_shared(sc.key_transposed.in(dot_sum), 1, 0, sum_pass.chunk);
+    // (column, row, ...) Funcs in shared memory, lanes along `column`, warps along `row`,
+    // each thread's share of columns and rows serial inside it; for a reduction, the update
+    // too, its reduction innermost. `outer` (an update's RVar) goes outside the threads.
+    auto threads = [](Func func, const Var &column, const Var &row, LoopLevel at,
+                      const std::vector<RVar> &outer = {}) {
+        Var co{"co"}, lane{"lane"}, ro{"ro"}, rt{"rt"};
+        func.compute_at(at).store_in(MemoryType::GPUShared);
+        for (int stage = 0; stage <= func.num_update_definitions(); ++stage) {
+            Stage s = stage == 0 ? Stage(func) : func.update(stage - 1);
+            std::vector<VarOrRVar> order;
+            for (const RVar &rvar : stage == 0 ? std::vector<RVar>{} : func.rvars(stage - 1)) {
+                if (std::find_if(outer.begin(), outer.end(), [&](const RVar &o) { return o.name() == rvar.name(); }) ==
+                    outer.end())
+                    order.push_back(rvar);
+            }
+            for (VarOrRVar v : {VarOrRVar(co), VarOrRVar(ro), VarOrRVar(lane), VarOrRVar(rt)}) order.push_back(v);
+            if (stage > 0) order.insert(order.end(), outer.begin(), outer.end());
+            s.split(column, co, lane, kLanes, kGuard).split(row, ro, rt, kRowThreads, kGuard).reorder(order).gpu_threads(lane, rt);
+        }
+    };
+    // (row, ...) row reductions: a thread per row, the rows along warps. The lanes are a
+    // dimension of extent 1, not left out: with a one-dimensional thread loop in this
+    // two-dimensional kernel, the extra threads of the other dimension ran the reduction
+    // too (seen on PoCL: sums 8 times too large), while an explicit extent-1 dimension is
+    // guarded.
+    auto per_row = [](Func func, const Var &row, LoopLevel at) {
+        Var ro{"ro"}, rt{"rt"}, one{"one"}, rq{"rq"};
+        func.compute_at(at).store_in(MemoryType::GPUShared);
+        func.split(row, ro, rt, kRowThreads, kGuard).split(ro, rq, one, 1).reorder(rq, one, rt).gpu_threads(one, rt);
+        std::vector<VarOrRVar> order;
+        for (const RVar &r : func.rvars(0)) order.push_back(r);
+        for (VarOrRVar v : {VarOrRVar(rq), VarOrRVar(one), VarOrRVar(rt)}) order.push_back(v);
+        func.update().split(row, ro, rt, kRowThreads, kGuard).split(ro, rq, one, 1).reorder(order).gpu_threads(one, rt);
+    };
+    threads(f.running, e, qi, block, {f.key_blocks.x});
+    LoopLevel step(f.running, f.key_blocks.x);
+    // The scores and the exponentials: their updates over the chunks visited, a thread per
+    // (key of the chunk, query).
+    for (Func tile : {f.scores, f.block_exp}) {
+        tile.compute_at(step).store_in(MemoryType::GPUShared);
+        tile.update().split(qi, ro, rt, kRowThreads, kGuard).reorder(lane, rt, ro, chunk).gpu_threads(lane, rt);
+    }
+    f.dot.compute_at(f.scores, lane).store_in(MemoryType::Register);
+    per_row(f.block_max, qi, step);
+    per_row(f.block_sum, qi, step);
+    threads(f.block_context, e, qi, step);
 }
 
 }  // namespace
@@ -270,7 +295,9 @@ void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_out
         schedule_masked_softmax_gpu(l.softmax);
         schedule_weighted_sum_gpu(l.context);
     } else {
-        schedule_flash_core(l);
+        l.key_end.compute_root().gpu_blocks(dims.batch);  // a block per batch, one thread scanning its mask
+        l.key_end.update().gpu_blocks(dims.batch);
+        schedule_flash_core(l.flash);
     }
     schedule_output_layernorm_gpu(l.output);
 }

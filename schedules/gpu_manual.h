@@ -10,10 +10,10 @@
 // - Row reductions (softmax max and sum, LayerNorm mean and variance): one warp of 32
 //   lanes per row, each lane reducing a strided slice (coalesced reads), the 32 partials
 //   combined in shared memory.
-// - The fused layer's attention core is flash-style: per block of query rows, the
-//   scores are recomputed from Q and K in each of the three passes (row max, row sum,
-//   probs·V) with K and V staged per key chunk, so no S×S buffer exists in global
-//   memory and memory stays O(S).
+// - The fused layer's attention core is the algorithm's flash core (one pass over the
+//   keys with an online softmax, attn_gen::FlashAttention): a block per query block and
+//   head, its running state and each key block's scores and exponentials in shared
+//   memory, so no S×S buffer exists in global memory and memory stays O(S).
 //
 // Not verified on an NVIDIA GPU yet (see README: GPU variants); correctness is checked
 // on OpenCL in CI.

@@ -1,5 +1,7 @@
 #include "schedule_source.h"
 
+#include "cpu_manual.h"
+
 #include <regex>
 #include <vector>
 
@@ -67,6 +69,17 @@ ScheduleKind schedule_kind(const std::string &generator, const std::string &sour
     }
     if (source == "li2018") return ScheduleKind::autoscheduled;
     return ScheduleKind::frozen;
+}
+
+int default_query_block(const Halide::Target &target, int query_block) {
+    if (query_block > 0) return query_block;
+    return target.has_gpu_feature() ? 32 : CpuTiling{}.query_block;
+}
+
+int default_key_block(const Halide::Target &target) { return target.has_gpu_feature() ? 32 : CpuTiling{}.key_block; }
+
+int key_chunk(const Halide::Target &target, int tile_vectors) {
+    return target.has_gpu_feature() ? 32 : target.natural_vector_size<float>() * tile_vectors;
 }
 
 void apply_autoscheduler(const std::string &source, Halide::Pipeline pipeline, const Halide::Target &target) {

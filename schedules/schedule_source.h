@@ -25,6 +25,17 @@ ScheduleKind schedule_kind(const std::string &generator, const std::string &sour
 void apply_frozen_schedule(const std::string &generator, const std::string &source,
                            Halide::Pipeline pipeline, const Halide::Target &target);
 
+// The query and key blocks of the flash core when the query_block and key_block
+// generator parameters are 0: on a CPU, attn_sched::CpuTiling's (64 queries by 512 keys:
+// a block's scores and exponentials, 128 KiB each, stay in L2); on a GPU, 32 by 32,
+// whose running state and tiles stay in the 48 KB of shared memory that Halide 21
+// launches with (for head dims up to 64).
+int default_query_block(const Halide::Target &target, int query_block);
+int default_key_block(const Halide::Target &target);
+// Keys per chunk of the flash core: the width of a register tile of scores on a CPU
+// (tile_vectors vectors), a warp's lanes on a GPU.
+int key_chunk(const Halide::Target &target, int tile_vectors);
+
 // Runs the autoscheduler `source` (its plugin loaded by the build) on the pipeline.
 void apply_autoscheduler(const std::string &source, Halide::Pipeline pipeline, const Halide::Target &target);
 

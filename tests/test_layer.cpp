@@ -63,6 +63,28 @@ std::vector<Problem> listed_problems() {
     return problems;
 }
 
+// Long contexts (the flash core's key blocks, 512-528 keys on CPUs): lengths just
+// under and over one and two blocks, causal cross-attention with S_q < S_k and
+// S_q > S_k, one real token in a long padded sequence, a fully masked batch and padded
+// batches at long S. Small heads (d = 16, 32) keep the double reference affordable.
+std::vector<Problem> long_problems() {
+    std::vector<Problem> problems;
+    auto add = [&](int64_t batch, int64_t s_q, int64_t s_k, int64_t hidden, bool causal, Mask mask) {
+        Problem p;
+        p.batch = batch, p.s_q = s_q, p.s_k = s_k, p.hidden = hidden, p.heads = 2, p.cross = s_q != s_k;
+        p.causal = causal, p.mask = mask;
+        problems.push_back(p);
+    };
+    for (int64_t s : {511, 513, 529, 1025, 2047}) add(1, s, s, 32, false, Mask::none);
+    add(1, 1057, 1057, 64, true, Mask::none);
+    add(1, 1025, 2047, 32, true, Mask::none);
+    add(1, 2047, 1025, 32, true, Mask::none);
+    add(1, 2047, 2047, 32, false, Mask::one_real);
+    add(2, 1025, 1025, 32, true, Mask::empty_batch);
+    add(3, 1025, 1025, 64, false, Mask::padding);
+    return problems;
+}
+
 class LayerTest : public ::testing::TestWithParam<VariantProblem> {
 protected:
     void run_and_check(bool with_probs) {
@@ -102,6 +124,10 @@ TEST_P(ListedProblemTest, MatchesReference) {
     ATTN_SKIP_IF_NOT_RUNNABLE(std::get<0>(GetParam()));
     run_and_check(false);
 }
+
+INSTANTIATE_TEST_SUITE_P(LongContext, ListedProblemTest,
+                         ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(long_problems())),
+                         variant_problem_name);
 
 INSTANTIATE_TEST_SUITE_P(BenchmarkProblems, ListedProblemTest,
                          ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(listed_problems())),

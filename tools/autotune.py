@@ -63,9 +63,9 @@ MANUAL_PARAMS = {
     "masked_softmax": [],
     "weighted_sum": ["tile_rows", "query_block", "context_vectors"],
     "output_layernorm": ["tile_rows", "tile_vectors"],
-    "attention_layer": ["tile_rows", "tile_vectors", "query_block", "context_vectors"],
+    "attention_layer": ["tile_rows", "tile_vectors", "query_block", "key_block", "context_vectors"],
 }
-MANUAL_VALUES = {"query_block": [16, 32, 64, 128], "context_vectors": [1, 2, 4]}
+MANUAL_VALUES = {"query_block": [16, 32, 64, 128], "key_block": [256, 512, 1024], "context_vectors": [1, 2, 4]}
 # Register tiles: rows × vectors accumulators, at most 15 of the 16 vector registers.
 REGISTER_TILES = [(r, v) for r in range(1, 9) for v in range(1, 7) if 4 <= r * v <= 15]
 
@@ -107,7 +107,7 @@ def manual_candidates(generator):
         axes.append([{"tile_rows": r, "tile_vectors": v} for r, v in REGISTER_TILES])
     elif "tile_rows" in names:
         axes.append([{"tile_rows": r} for r in range(1, 9)])
-    for name in ("query_block", "context_vectors"):
+    for name in ("query_block", "key_block", "context_vectors"):
         if name in names:
             axes.append([{name: v} for v in MANUAL_VALUES[name]])
     defaults = manual_defaults()

@@ -56,6 +56,17 @@ ANDERSON_RESTRICTED = {"output_layernorm"}
 # (Funcs and Vars used undeclared, e.g. `scores$1.compute_root().split(key,v1,v2,...)`),
 # so its variants run the autoscheduler at build time instead (cmake/AttnVariants.cmake).
 FUSED_EXTRA = {"adams2019": ["autoscheduler.beam_size=1"], "anderson2021": ["autoscheduler.beam_size=1"]}
+# Adams2019 may emit an unroll of a loop whose extent is not constant, which Halide then
+# rejects (seen on avx2's fused layer with the flash core: "Can only unroll for loops
+# over a constant extent", q_heads over head_dim); such a function is searched again
+# for 4 cores instead of 2, which leads it to another schedule.
+RETRY = {"anderson2021": ANDERSON_RETRY, "adams2019": ["autoscheduler.parallelism=4"]}
+
+
+def with_params(params, overrides):
+    """params with each key=value of overrides replacing the same key (or added)."""
+    keys = {o.split("=", 1)[0] for o in overrides}
+    return [p for p in params if p.split("=", 1)[0] not in keys] + overrides
 DEFAULT_ISAS = ["sse41", "avx2", "avx512_zen4", "cuda"]
 
 
@@ -88,7 +99,8 @@ def cmake_targets():
 # GPU schedules use the Vars their tile() calls create (key_vo, key_vi, ...) undeclared
 # too. As Halide identifies a Var by its name, declaring every such Var at the top of
 # the schedule function makes the emitted schedule compile without changing what it does.
-PURE_VARS = ["hidden", "seq", "batch", "head", "head_dim", "key", "query", "in_feature"]
+PURE_VARS = ["hidden", "seq", "batch", "head", "head_dim", "key", "query", "in_feature", "query_block",
+             "query_in_block", "key_block", "key_chunk", "key_in_chunk"]
 MARKER = "// Declared by tools/freeze_schedules.py"
 SCHEDULING_CALL = re.compile(r"\.(?:tile|gpu|gpu_blocks|gpu_threads|reorder|compute_at|store_at|split|fuse|"
                              r"vectorize|unroll)\(((?:[^()]|\([^()]*\))*)\)")
@@ -131,16 +143,19 @@ def freeze_one(generator_exe, plugin_dir, source, isa, target, stage):
     if generator == "attention_layer":
         as_params = as_params + FUSED_EXTRA.get(source, [])
     if source == "anderson2021" and name in ANDERSON_RESTRICTED:
-        as_params = as_params + ANDERSON_RETRY
+        as_params = with_params(as_params, ANDERSON_RETRY)
     function = f"attn_{name}_{source}_{isa}"
     plugin = plugin_dir / f"libautoschedule_{autoscheduler.lower()}.so"
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [str(generator_exe), "-g", generator, "-o", tmp, "-e", "schedule", "-f", function, "-p", str(plugin),
-               f"target={target}", f"autoscheduler={autoscheduler}", *as_params, *params]
+        def command(autoscheduler_params):
+            return [str(generator_exe), "-g", generator, "-o", tmp, "-e", "schedule", "-f", function, "-p",
+                    str(plugin), f"target={target}", f"autoscheduler={autoscheduler}", *autoscheduler_params, *params]
+
         start = time.time()
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        if result.returncode != 0 and source == "anderson2021":
-            result = subprocess.run(cmd + ANDERSON_RETRY, capture_output=True, text=True, timeout=900)
+        result = subprocess.run(command(as_params), capture_output=True, text=True, timeout=900)
+        if result.returncode != 0 and source in RETRY:
+            result = subprocess.run(command(with_params(as_params, RETRY[source])), capture_output=True, text=True,
+                                    timeout=900)
         if result.returncode != 0:
             raise RuntimeError(f"{function}: generator failed:\n{result.stderr[-2000:]}")
         out = FROZEN / source / isa / f"{name}.schedule.h"

@@ -147,6 +147,8 @@ const std::vector<ListedProblem> &problem_list() {
         {make(1, 384, 768, false, Mask::none), "BERT-base, 384 tokens (SQuAD)", true},
         // BERT-base serving a batch of 8 padded sentences of seeded lengths in [1, 128].
         {make(8, 128, 768, false, Mask::padding), "BERT-base, batch of 8 padded sentences", true},
+        // BERT-base serving 8 padded passages of up to 512 tokens (SQuAD-style).
+        {make(8, 512, 768, false, Mask::padding), "BERT-base, batch of 8 padded 512-token passages", false},
         // all-MiniLM-L6-v2 (H=384, 12 heads of 32), the sentence-embedding workhorse.
         {make(1, 128, 384, false, Mask::none), "MiniLM-L6 (all-MiniLM-L6-v2)", true},
         // GPT-2 small's decoder attention shape (H=768, 12 heads), causal.
@@ -157,6 +159,7 @@ const std::vector<ListedProblem> &problem_list() {
         {make(1, 2048, 768, true, Mask::none), "long context, causal (decoder)", false},
         {make(1, 4096, 768, false, Mask::none), "long context, BERT-base width", false},
         {make(1, 4096, 768, true, Mask::none), "long context, causal (decoder)", false},
+        {make(1, 8192, 768, false, Mask::none), "long context, BERT-base width", false},
     };
     return list;
 }

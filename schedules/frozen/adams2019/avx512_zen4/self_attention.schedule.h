@@ -18,68 +18,78 @@ inline void apply_schedule_attn_self_attention_adams2019_avx512_zen4(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(42);
-    Func variance = pipeline.get_func(41);
-    Func sum_sq_dev = pipeline.get_func(40);
-    Func mean = pipeline.get_func(39);
-    Func sum = pipeline.get_func(38);
-    Func dense = pipeline.get_func(36);
-    Func projection = pipeline.get_func(35);
-    Func w_o_t = pipeline.get_func(34);
-    Func ctx = pipeline.get_func(32);
-    Func ctx_sum = pipeline.get_func(31);
-    Func v_heads = pipeline.get_func(30);
-    Func v = pipeline.get_func(29);
-    Func v_product = pipeline.get_func(28);
-    Func v_weight_t = pipeline.get_func(27);
-    Func probs = pipeline.get_func(24);
-    Func row_sum = pipeline.get_func(23);
-    Func exp_scores = pipeline.get_func(22);
-    Func row_max = pipeline.get_func(21);
-    Func scores = pipeline.get_func(20);
-    Func dot = pipeline.get_func(19);
-    Func q_heads = pipeline.get_func(18);
-    Func q = pipeline.get_func(17);
-    Func q_product = pipeline.get_func(16);
-    Func q_weight_t = pipeline.get_func(15);
-    Func key_transposed = pipeline.get_func(12);
-    Func k_heads = pipeline.get_func(11);
-    Func k = pipeline.get_func(10);
-    Func k_product = pipeline.get_func(9);
-    Func k_weight_t = pipeline.get_func(7);
-    Func keep = pipeline.get_func(3);
+    Func y_1 = pipeline.get_func(44);
+    Func variance = pipeline.get_func(43);
+    Func sum_sq_dev = pipeline.get_func(42);
+    Func mean = pipeline.get_func(41);
+    Func sum = pipeline.get_func(40);
+    Func dense = pipeline.get_func(38);
+    Func projection = pipeline.get_func(37);
+    Func w_o_t = pipeline.get_func(36);
+    Func ctx = pipeline.get_func(34);
+    Func running = pipeline.get_func(33);
+    Func block_sum = pipeline.get_func(32);
+    Func block_context = pipeline.get_func(31);
+    Func values = pipeline.get_func(30);
+    Func v_heads = pipeline.get_func(29);
+    Func v = pipeline.get_func(28);
+    Func v_product = pipeline.get_func(27);
+    Func v_weight_t = pipeline.get_func(26);
+    Func block_exp = pipeline.get_func(23);
+    Func block_max = pipeline.get_func(22);
+    Func block_scores = pipeline.get_func(21);
+    Func dot = pipeline.get_func(20);
+    Func q_heads = pipeline.get_func(19);
+    Func q = pipeline.get_func(18);
+    Func q_product = pipeline.get_func(17);
+    Func q_weight_t = pipeline.get_func(16);
+    Func keys = pipeline.get_func(13);
+    Func k_heads = pipeline.get_func(12);
+    Func k = pipeline.get_func(11);
+    Func kv_rows = pipeline.get_func(10);
+    Func key_end = pipeline.get_func(9);
+    Func k_product = pipeline.get_func(7);
+    Func k_weight_t = pipeline.get_func(5);
     Var batch(y_1.get_schedule().dims()[2].var);
+    Var batchi("batchi");
     Var head(ctx.get_schedule().dims()[1].var);
     Var head_dim(ctx.get_schedule().dims()[0].var);
     Var head_dimi("head_dimi");
     Var head_dimii("head_dimii");
     Var headi("headi");
-    Var headii("headii");
     Var hidden(y_1.get_schedule().dims()[0].var);
     Var hiddeni("hiddeni");
     Var in_feature(w_o_t.get_schedule().dims()[1].var);
     Var in_featurei("in_featurei");
-    Var key(probs.get_schedule().dims()[0].var);
+    Var key(values.get_schedule().dims()[1].var);
+    Var key_block(block_sum.get_schedule().dims()[2].var);
+    Var key_chunk(block_exp.get_schedule().dims()[1].var);
+    Var key_in_chunk(block_exp.get_schedule().dims()[0].var);
+    Var key_in_chunki("key_in_chunki");
     Var keyi("keyi");
-    Var keyii("keyii");
     Var query(ctx.get_schedule().dims()[2].var);
-    Var queryi("queryi");
+    Var query_block(running.get_schedule().dims()[2].var);
+    Var query_in_block(running.get_schedule().dims()[1].var);
+    Var query_in_blocki("query_in_blocki");
+    Var query_in_blockii("query_in_blockii");
     Var seq(y_1.get_schedule().dims()[1].var);
     Var seqi("seqi");
     Var seqii("seqii");
-    RVar context_j_x(ctx_sum.update(0).get_schedule().dims()[0].var);
-    RVar context_j_xi("context_j$xi");
+    RVar all_keys_x(key_end.update(0).get_schedule().dims()[0].var);
     RVar e_x(dot.update(0).get_schedule().dims()[0].var);
-    RVar e_xi("e$xi");
     RVar in_feature_x(projection.update(0).get_schedule().dims()[0].var);
     RVar in_feature_xi("in_feature$xi");
     RVar in_feature_y(projection.update(0).get_schedule().dims()[1].var);
-    RVar j_x(row_sum.update(0).get_schedule().dims()[0].var);
     RVar k_k_x(k_product.update(0).get_schedule().dims()[0].var);
+    RVar k_row_x(k.update(0).get_schedule().dims()[0].var);
+    RVar key_blocks_x(running.update(0).get_schedule().dims()[0].var);
+    RVar key_in_block_x(block_sum.update(0).get_schedule().dims()[0].var);
+    RVar key_in_block_xi("key_in_block$xi");
+    RVar key_in_block_y(block_sum.update(0).get_schedule().dims()[1].var);
     RVar q_k_x(q_product.update(0).get_schedule().dims()[0].var);
     RVar row_x(sum_sq_dev.update(0).get_schedule().dims()[0].var);
     RVar v_k_x(v_product.update(0).get_schedule().dims()[0].var);
-    RVar v_k_xi("v_k$xi");
+    RVar v_row_x(v.update(0).get_schedule().dims()[0].var);
     y_1
         .split(seq, seq, seqi, 64, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
@@ -131,12 +141,12 @@ inline void apply_schedule_attn_self_attention_adams2019_avx512_zen4(
         .reorder({hiddeni, hidden, seqi, seq, batch})
         .parallel(seq);
     projection.update(0)
-        .split(seq, seq, seqi, 32, TailStrategy::GuardWithIf)
+        .split(seq, seq, seqi, 64, TailStrategy::RoundUp)
         .split(seqi, seqi, seqii, 16, TailStrategy::GuardWithIf)
-        .split(in_feature_x, in_feature_x, in_feature_xi, 32, TailStrategy::GuardWithIf)
-        .split(hidden, hidden, hiddeni, 16, TailStrategy::GuardWithIf)
+        .split(in_feature_x, in_feature_x, in_feature_xi, 16, TailStrategy::GuardWithIf)
+        .split(hidden, hidden, hiddeni, 16, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .reorder({hiddeni, seqii, hidden, in_feature_xi, in_feature_x, in_feature_y, seqi, seq, batch})
+        .reorder({hiddeni, seqii, in_feature_xi, hidden, in_feature_x, in_feature_y, seqi, seq, batch})
         .parallel(seq);
     w_o_t
         .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
@@ -147,127 +157,162 @@ inline void apply_schedule_attn_self_attention_adams2019_avx512_zen4(
         .parallel(in_feature);
     ctx
         .store_in(MemoryType::Stack)
-        .split(query, query, queryi, 16, TailStrategy::RoundUp)
-        .vectorize(queryi)
-        .compute_at(projection, hidden)
-        .store_at(projection, in_feature_xi)
-        .reorder({queryi, query, head_dim, head, batch})
-        .reorder_storage(query, head_dim, head, batch);
-    ctx_sum
+        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
+        .vectorize(head_dimi)
+        .compute_at(projection, in_feature_xi)
+        .store_at(projection, in_feature_x)
+        .reorder({head_dimi, head_dim, head, query, batch});
+    running
         .store_in(MemoryType::Stack)
         .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
         .vectorize(head_dimi)
         .compute_at(projection, in_feature_x)
-        .reorder({head_dimi, head_dim, head, query, batch});
-    ctx_sum.update(0)
-        .split(context_j_x, context_j_x, context_j_xi, 32, TailStrategy::GuardWithIf)
-        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::GuardWithIf)
+        .reorder({head_dimi, head_dim, query_in_block, query_block, head, batch});
+    running.update(0)
+        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
         .vectorize(head_dimi)
-        .reorder({head_dimi, context_j_xi, head_dim, query, context_j_x, head, batch});
-    v_heads
-        .split(head, head, headi, 3, TailStrategy::ShiftInwards)
-        .split(seq, seq, seqi, 32, TailStrategy::ShiftInwards)
-        .split(head_dim, head_dim, head_dimi, 32, TailStrategy::ShiftInwards)
-        .split(head_dimi, head_dimi, head_dimii, 16, TailStrategy::ShiftInwards)
-        .vectorize(head_dimii)
+        .reorder({head_dimi, key_blocks_x, head_dim, query_in_block, query_block, head, batch});
+    block_sum
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .compute_at(projection, seq)
+        .reorder({query_in_blocki, query_in_block, query_block, key_block, head, batch});
+    block_sum.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, query_block, key_block, head, batch});
+    block_context
+        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
+        .vectorize(head_dimi)
         .compute_root()
-        .reorder({head_dimii, head_dimi, seqi, head_dim, headi, head, seq, batch})
-        .fuse(head, seq, head)
-        .parallel(head);
-    v
+        .reorder({head_dimi, head_dim, query_in_block, query_block, key_block, head, batch})
+        .fuse(query_block, head, query_block)
+        .parallel(query_block);
+    block_context.update(0)
+        .split(head_dim, head_dim, head_dimi, 32, TailStrategy::GuardWithIf)
+        .split(key_in_block_x, key_in_block_x, key_in_block_xi, 4, TailStrategy::GuardWithIf)
+        .split(head_dimi, head_dimi, head_dimii, 16, TailStrategy::GuardWithIf)
+        .vectorize(head_dimii)
+        .reorder({head_dimii, key_in_block_xi, query_in_block, key_in_block_x, head_dimi, key_in_block_y, head_dim, query_block, key_block, head, batch})
+        .fuse(query_block, head, query_block)
+        .parallel(query_block);
+    values
         .store_in(MemoryType::Stack)
-        .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
-        .vectorize(hiddeni)
-        .compute_at(v_heads, head_dimi)
-        .reorder({hiddeni, hidden, seq, batch});
-    v_product
+        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
+        .vectorize(head_dimi)
+        .compute_at(block_context, query_in_block)
+        .store_at(block_context, key_in_block_x)
+        .reorder({head_dimi, head_dim, key, head, batch});
+    v_heads
+        .store_in(MemoryType::Stack)
+        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
+        .vectorize(head_dimi)
+        .compute_at(block_context, key_in_block_x)
+        .store_at(block_context, key_in_block_y)
+        .reorder({head_dimi, head_dim, head, seq, batch});
+    v
         .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .compute_at(v_heads, head_dim)
+        .compute_at(block_context, head_dim)
         .reorder({hiddeni, hidden, seq, batch});
-    v_product.update(0)
-        .split(v_k_x, v_k_x, v_k_xi, 128, TailStrategy::GuardWithIf)
+    v.update(0)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
-        .reorder({hiddeni, v_k_xi, seq, v_k_x, hidden, batch});
-    v_weight_t
-        .store_in(MemoryType::Stack)
-        .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
-        .vectorize(hiddeni)
-        .compute_at(v_product, v_k_x)
-        .reorder({hiddeni, hidden, in_feature});
-    probs
-        .store_in(MemoryType::Stack)
-        .split(key, key, keyi, 16, TailStrategy::ShiftInwards)
-        .vectorize(keyi)
-        .compute_at(ctx_sum, context_j_x)
-        .reorder({keyi, key, query, head, batch});
-    row_sum
-        .split(query, query, queryi, 16, TailStrategy::RoundUp)
-        .vectorize(queryi)
-        .compute_at(projection, seq)
-        .reorder({queryi, query, head, batch});
-    row_sum.update(0)
-        .split(query, query, queryi, 16, TailStrategy::GuardWithIf)
-        .vectorize(queryi)
-        .reorder({queryi, j_x, query, head, batch});
-    row_max
-        .split(query, query, queryi, 16, TailStrategy::RoundUp)
-        .vectorize(queryi)
-        .compute_at(projection, seq)
-        .reorder({queryi, query, head, batch});
-    row_max.update(0)
-        .split(query, query, queryi, 16, TailStrategy::GuardWithIf)
-        .vectorize(queryi)
-        .reorder({queryi, j_x, query, head, batch});
-    dot
-        .split(query, query, queryi, 43, TailStrategy::RoundUp)
-        .split(head, head, headi, 6, TailStrategy::RoundUp)
-        .split(key, key, keyi, 16, TailStrategy::RoundUp)
-        .vectorize(keyi)
-        .compute_root()
-        .reorder({keyi, key, queryi, headi, query, head, batch})
-        .fuse(query, head, query)
-        .parallel(query);
-    dot.update(0)
-        .split(query, query, queryi, 43, TailStrategy::GuardWithIf)
-        .split(head, head, headi, 6, TailStrategy::GuardWithIf)
-        .split(e_x, e_x, e_xi, 16, TailStrategy::GuardWithIf)
-        .split(headi, headi, headii, 2, TailStrategy::GuardWithIf)
-        .split(key, key, keyi, 16, TailStrategy::GuardWithIf)
-        .vectorize(keyi)
-        .reorder({keyi, key, queryi, headii, headi, e_xi, e_x, query, head, batch})
-        .fuse(query, head, query)
-        .parallel(query);
-    q_heads
-        .store_in(MemoryType::Stack)
-        .split(seq, seq, seqi, 16, TailStrategy::ShiftInwards)
-        .vectorize(seqi)
-        .compute_at(dot, e_xi)
-        .store_at(dot, e_x)
-        .reorder({seqi, seq, head_dim, head, batch})
-        .reorder_storage(seq, head_dim, head, batch);
-    q
-        .store_in(MemoryType::Stack)
-        .split(seq, seq, seqi, 16, TailStrategy::ShiftInwards)
-        .vectorize(seqi)
-        .compute_at(q_heads, seq)
-        .reorder({seqi, seq, hidden, batch})
-        .reorder_storage(seq, hidden, batch);
-    q_product
+        .reorder({hiddeni, hidden, v_row_x, batch});
+    v_product
         .split(seq, seq, seqi, 4, TailStrategy::RoundUp)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::RoundUp)
         .vectorize(hiddeni)
         .compute_root()
         .reorder({hiddeni, hidden, seqi, seq, batch})
         .parallel(seq);
-    q_product.update(0)
+    v_product.update(0)
         .split(seq, seq, seqi, 4, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
-        .reorder({hiddeni, q_k_x, hidden, seqi, seq, batch})
+        .reorder({hiddeni, v_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
+    v_weight_t
+        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
+        .vectorize(hiddeni)
+        .compute_root()
+        .reorder({hiddeni, hidden, in_featurei, in_feature})
+        .parallel(in_feature);
+    block_exp
+        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::RoundUp)
+        .split(query_in_blocki, query_in_blocki, query_in_blockii, 16, TailStrategy::RoundUp)
+        .vectorize(query_in_blockii)
+        .compute_root()
+        .reorder({query_in_blockii, query_in_blocki, key_in_chunk, key_chunk, query_block, head, query_in_block, key_block, batch})
+        .parallel(query_in_block)
+        .reorder_storage(query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch);
+    block_exp.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 64, TailStrategy::GuardWithIf)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, query_in_block, key_in_block_x, key_in_block_y, query_block, head, key_block, batch});
+    block_max
+        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::RoundUp)
+        .split(query_in_blocki, query_in_blocki, query_in_blockii, 16, TailStrategy::RoundUp)
+        .vectorize(query_in_blockii)
+        .compute_root()
+        .reorder({query_in_blockii, query_in_blocki, query_block, head, query_in_block, key_block, batch})
+        .parallel(query_in_block);
+    block_max.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 64, TailStrategy::GuardWithIf)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, query_block, head, key_block, batch});
+    block_scores
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .compute_root()
+        .reorder({query_in_blocki, query_in_block, key_in_chunk, key_chunk, head, query_block, key_block, batch})
+        .parallel(query_block)
+        .reorder_storage(query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch);
+    block_scores.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .split(head, head, headi, 3, TailStrategy::GuardWithIf)
+        .split(key_in_block_x, key_in_block_x, key_in_block_xi, 16, TailStrategy::GuardWithIf)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, key_in_block_xi, key_in_block_x, key_in_block_y, headi, query_in_block, head, query_block, key_block, batch})
+        .parallel(query_block);
+    dot
+        .store_in(MemoryType::Stack)
+        .split(key_in_chunk, key_in_chunk, key_in_chunki, 16, TailStrategy::RoundUp)
+        .vectorize(key_in_chunki)
+        .compute_at(block_scores, key_in_block_x)
+        .reorder({key_in_chunki, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch});
+    dot.update(0)
+        .split(key_in_chunk, key_in_chunk, key_in_chunki, 16, TailStrategy::RoundUp)
+        .vectorize(key_in_chunki)
+        .reorder({key_in_chunki, e_x, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch});
+    q_heads
+        .store_in(MemoryType::Stack)
+        .split(head_dim, head_dim, head_dimi, 32, TailStrategy::ShiftInwards)
+        .split(seq, seq, seqi, 8, TailStrategy::ShiftInwards)
+        .split(head_dimi, head_dimi, head_dimii, 16, TailStrategy::ShiftInwards)
+        .unroll(head_dimi)
+        .vectorize(head_dimii)
+        .compute_at(block_scores, headi)
+        .store_at(block_scores, query_in_block)
+        .reorder({head_dimii, head_dimi, seqi, head_dim, head, seq, batch});
+    q
+        .store_in(MemoryType::Stack)
+        .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
+        .vectorize(hiddeni)
+        .compute_at(q_heads, seqi)
+        .reorder({hiddeni, hidden, seq, batch});
+    q_product
+        .store_in(MemoryType::Stack)
+        .split(hidden, hidden, hiddeni, 16, TailStrategy::RoundUp)
+        .vectorize(hiddeni)
+        .compute_at(q_heads, head_dim)
+        .reorder({hiddeni, hidden, seq, batch});
+    q_product.update(0)
+        .split(hidden, hidden, hiddeni, 16, TailStrategy::GuardWithIf)
+        .vectorize(hiddeni)
+        .reorder({hiddeni, q_k_x, hidden, seq, batch});
     q_weight_t
         .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
@@ -275,29 +320,42 @@ inline void apply_schedule_attn_self_attention_adams2019_avx512_zen4(
         .compute_root()
         .reorder({hiddeni, hidden, in_featurei, in_feature})
         .parallel(in_feature);
-    key_transposed
-        .store_in(MemoryType::Stack)
-        .split(key, key, keyi, 48, TailStrategy::ShiftInwards)
-        .split(keyi, keyi, keyii, 16, TailStrategy::ShiftInwards)
-        .unroll(keyi)
-        .vectorize(keyii)
-        .compute_at(dot, headii)
-        .store_at(dot, headi)
-        .reorder({keyii, keyi, key, head_dim, head, batch});
+    keys
+        .split(head_dim, head_dim, head_dimi, 2, TailStrategy::ShiftInwards)
+        .split(key, key, keyi, 16, TailStrategy::ShiftInwards)
+        .vectorize(keyi)
+        .compute_root()
+        .reorder({keyi, key, head_dimi, head, head_dim, batch})
+        .parallel(head_dim);
     k_heads
+        .store_in(MemoryType::Stack)
+        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
+        .vectorize(head_dimi)
+        .compute_at(keys, key)
+        .reorder({head_dimi, head_dim, head, seq, batch});
+    k
         .store_in(MemoryType::Stack)
         .split(seq, seq, seqi, 16, TailStrategy::RoundUp)
         .vectorize(seqi)
-        .compute_at(key_transposed, key)
-        .reorder({seqi, seq, head_dim, head, batch})
-        .reorder_storage(seq, head_dim, head, batch);
-    k
-        .store_in(MemoryType::Stack)
-        .split(seq, seq, seqi, 16, TailStrategy::ShiftInwards)
-        .vectorize(seqi)
-        .compute_at(key_transposed, key)
+        .compute_at(keys, head_dimi)
         .reorder({seqi, seq, hidden, batch})
         .reorder_storage(seq, hidden, batch);
+    k.update(0)
+        .reorder({k_row_x, hidden, batch});
+    kv_rows
+        .split(batch, batch, batchi, 16, TailStrategy::RoundUp)
+        .vectorize(batchi)
+        .compute_root()
+        .reorder({batchi, batch});
+    key_end
+        .split(batch, batch, batchi, 16, TailStrategy::RoundUp)
+        .vectorize(batchi)
+        .compute_root()
+        .reorder({batchi, batch});
+    key_end.update(0)
+        .split(batch, batch, batchi, 64, TailStrategy::GuardWithIf)
+        .vectorize(batchi)
+        .reorder({batchi, all_keys_x, batch});
     k_product
         .split(seq, seq, seqi, 4, TailStrategy::RoundUp)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::RoundUp)

@@ -18,66 +18,80 @@ inline void apply_schedule_attn_self_attention_adams2019_sse41(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(42);
-    Func variance = pipeline.get_func(41);
-    Func sum_sq_dev = pipeline.get_func(40);
-    Func mean = pipeline.get_func(39);
-    Func sum = pipeline.get_func(38);
-    Func dense = pipeline.get_func(36);
-    Func projection = pipeline.get_func(35);
-    Func w_o_t = pipeline.get_func(34);
-    Func ctx = pipeline.get_func(32);
-    Func ctx_sum = pipeline.get_func(31);
-    Func v_heads = pipeline.get_func(30);
-    Func v = pipeline.get_func(29);
-    Func v_product = pipeline.get_func(28);
-    Func v_weight_t = pipeline.get_func(27);
-    Func probs = pipeline.get_func(24);
-    Func row_sum = pipeline.get_func(23);
-    Func exp_scores = pipeline.get_func(22);
-    Func row_max = pipeline.get_func(21);
-    Func scores = pipeline.get_func(20);
-    Func dot = pipeline.get_func(19);
-    Func q_heads = pipeline.get_func(18);
-    Func q = pipeline.get_func(17);
-    Func q_product = pipeline.get_func(16);
-    Func q_weight_t = pipeline.get_func(15);
-    Func key_transposed = pipeline.get_func(12);
-    Func k_heads = pipeline.get_func(11);
-    Func k = pipeline.get_func(10);
-    Func k_product = pipeline.get_func(9);
-    Func k_weight_t = pipeline.get_func(7);
-    Func keep = pipeline.get_func(3);
+    Func y_1 = pipeline.get_func(44);
+    Func variance = pipeline.get_func(43);
+    Func sum_sq_dev = pipeline.get_func(42);
+    Func mean = pipeline.get_func(41);
+    Func sum = pipeline.get_func(40);
+    Func dense = pipeline.get_func(38);
+    Func projection = pipeline.get_func(37);
+    Func w_o_t = pipeline.get_func(36);
+    Func ctx = pipeline.get_func(34);
+    Func running = pipeline.get_func(33);
+    Func block_sum = pipeline.get_func(32);
+    Func block_context = pipeline.get_func(31);
+    Func values = pipeline.get_func(30);
+    Func v_heads = pipeline.get_func(29);
+    Func v = pipeline.get_func(28);
+    Func v_product = pipeline.get_func(27);
+    Func v_weight_t = pipeline.get_func(26);
+    Func block_exp = pipeline.get_func(23);
+    Func block_max = pipeline.get_func(22);
+    Func block_scores = pipeline.get_func(21);
+    Func dot = pipeline.get_func(20);
+    Func q_heads = pipeline.get_func(19);
+    Func q = pipeline.get_func(18);
+    Func q_product = pipeline.get_func(17);
+    Func q_weight_t = pipeline.get_func(16);
+    Func keys = pipeline.get_func(13);
+    Func k_heads = pipeline.get_func(12);
+    Func k = pipeline.get_func(11);
+    Func kv_rows = pipeline.get_func(10);
+    Func key_end = pipeline.get_func(9);
+    Func k_product = pipeline.get_func(7);
+    Func k_weight_t = pipeline.get_func(5);
     Var batch(y_1.get_schedule().dims()[2].var);
+    Var batchi("batchi");
     Var head(ctx.get_schedule().dims()[1].var);
     Var head_dim(ctx.get_schedule().dims()[0].var);
     Var head_dimi("head_dimi");
     Var headi("headi");
+    Var headii("headii");
     Var hidden(y_1.get_schedule().dims()[0].var);
     Var hiddeni("hiddeni");
+    Var hiddenii("hiddenii");
     Var in_feature(w_o_t.get_schedule().dims()[1].var);
     Var in_featurei("in_featurei");
-    Var key(probs.get_schedule().dims()[0].var);
+    Var key(values.get_schedule().dims()[1].var);
+    Var key_block(block_sum.get_schedule().dims()[2].var);
+    Var key_chunk(block_exp.get_schedule().dims()[1].var);
+    Var key_in_chunk(block_exp.get_schedule().dims()[0].var);
+    Var key_in_chunki("key_in_chunki");
     Var keyi("keyi");
     Var keyii("keyii");
     Var query(ctx.get_schedule().dims()[2].var);
-    Var queryi("queryi");
-    Var queryii("queryii");
+    Var query_block(running.get_schedule().dims()[2].var);
+    Var query_in_block(running.get_schedule().dims()[1].var);
+    Var query_in_blocki("query_in_blocki");
+    Var query_in_blockii("query_in_blockii");
+    Var query_in_blockiii("query_in_blockiii");
     Var seq(y_1.get_schedule().dims()[1].var);
     Var seqi("seqi");
     Var seqii("seqii");
-    Var seqiii("seqiii");
-    RVar context_j_x(ctx_sum.update(0).get_schedule().dims()[0].var);
+    RVar all_keys_x(key_end.update(0).get_schedule().dims()[0].var);
     RVar e_x(dot.update(0).get_schedule().dims()[0].var);
     RVar in_feature_x(projection.update(0).get_schedule().dims()[0].var);
     RVar in_feature_xi("in_feature$xi");
     RVar in_feature_y(projection.update(0).get_schedule().dims()[1].var);
-    RVar in_feature_yi("in_feature$yi");
-    RVar j_x(row_sum.update(0).get_schedule().dims()[0].var);
     RVar k_k_x(k_product.update(0).get_schedule().dims()[0].var);
+    RVar k_row_x(k.update(0).get_schedule().dims()[0].var);
+    RVar key_blocks_x(running.update(0).get_schedule().dims()[0].var);
+    RVar key_in_block_x(block_sum.update(0).get_schedule().dims()[0].var);
+    RVar key_in_block_y(block_sum.update(0).get_schedule().dims()[1].var);
     RVar q_k_x(q_product.update(0).get_schedule().dims()[0].var);
     RVar row_x(sum_sq_dev.update(0).get_schedule().dims()[0].var);
     RVar v_k_x(v_product.update(0).get_schedule().dims()[0].var);
+    RVar v_row_x(v.update(0).get_schedule().dims()[0].var);
     y_1
         .split(seq, seq, seqi, 64, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
@@ -123,14 +137,12 @@ inline void apply_schedule_attn_self_attention_adams2019_sse41(
         .reorder({hiddeni, hidden, seqi, seq, batch})
         .parallel(seq);
     projection.update(0)
-        .split(seq, seq, seqi, 64, TailStrategy::GuardWithIf)
+        .split(seq, seq, seqi, 64, TailStrategy::RoundUp)
         .split(seqi, seqi, seqii, 8, TailStrategy::GuardWithIf)
-        .split(in_feature_x, in_feature_x, in_feature_xi, 4, TailStrategy::GuardWithIf)
-        .split(in_feature_y, in_feature_y, in_feature_yi, 3, TailStrategy::GuardWithIf)
-        .split(seqii, seqii, seqiii, 4, TailStrategy::GuardWithIf)
-        .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
+        .split(in_feature_x, in_feature_x, in_feature_xi, 8, TailStrategy::GuardWithIf)
+        .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .reorder({hiddeni, hidden, seqiii, in_feature_xi, in_feature_yi, in_feature_x, in_feature_y, seqii, seqi, seq, batch})
+        .reorder({hiddeni, in_feature_xi, hidden, seqii, in_feature_x, in_feature_y, seqi, seq, batch})
         .parallel(seq);
     w_o_t
         .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
@@ -141,37 +153,69 @@ inline void apply_schedule_attn_self_attention_adams2019_sse41(
         .parallel(in_feature);
     ctx
         .store_in(MemoryType::Stack)
-        .split(query, query, queryi, 4, TailStrategy::RoundUp)
-        .vectorize(queryi)
-        .compute_at(projection, hidden)
-        .store_at(projection, in_feature_xi)
-        .reorder({queryi, query, head_dim, head, batch})
-        .reorder_storage(query, head_dim, head, batch);
-    ctx_sum
+        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::RoundUp)
+        .vectorize(head_dimi)
+        .compute_at(projection, in_feature_xi)
+        .store_at(projection, seqii)
+        .reorder({head_dimi, head_dim, head, query, batch});
+    running
         .store_in(MemoryType::Stack)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
         .compute_at(projection, in_feature_x)
-        .reorder({headi, head, head_dim, query, batch})
-        .reorder_storage(head, head_dim, query, batch);
-    ctx_sum.update(0)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .reorder({headi, context_j_x, head, head_dim, query, batch});
-    v_heads
-        .split(head_dim, head_dim, head_dimi, 32, TailStrategy::ShiftInwards)
-        .split(head, head, headi, 4, TailStrategy::ShiftInwards)
-        .vectorize(headi)
+        .reorder({query_in_blocki, query_in_block, head_dim, query_block, head, batch})
+        .reorder_storage(query_in_block, head_dim, query_block, head, batch);
+    running.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, key_blocks_x, query_in_block, head_dim, query_block, head, batch});
+    block_sum
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .compute_at(projection, seq)
+        .reorder({query_in_blocki, query_in_block, query_block, key_block, head, batch});
+    block_sum.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, query_block, key_block, head, batch});
+    block_context
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
         .compute_root()
-        .reorder({headi, head_dimi, head, seq, head_dim, batch})
-        .parallel(head_dim)
-        .reorder_storage(head, head_dim, seq, batch);
+        .reorder({query_in_blocki, query_in_block, head_dim, head, query_block, key_block, batch})
+        .parallel(query_block)
+        .reorder_storage(query_in_block, head_dim, query_block, key_block, head, batch);
+    block_context.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, head_dim, head, query_block, key_block, batch})
+        .parallel(query_block);
+    values
+        .split(head, head, headi, 6, TailStrategy::ShiftInwards)
+        .split(key, key, keyi, 260, TailStrategy::ShiftInwards)
+        .split(headi, headi, headii, 2, TailStrategy::ShiftInwards)
+        .split(keyi, keyi, keyii, 4, TailStrategy::ShiftInwards)
+        .vectorize(keyii)
+        .compute_root()
+        .reorder({keyii, keyi, head_dim, headii, key, headi, head, batch})
+        .parallel(head)
+        .reorder_storage(key, head_dim, head, batch);
+    v_heads
+        .store_in(MemoryType::Stack)
+        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::ShiftInwards)
+        .vectorize(head_dimi)
+        .compute_at(values, key)
+        .reorder({head_dimi, head_dim, head, seq, batch});
     v
         .store_in(MemoryType::Stack)
-        .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
+        .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .compute_at(v_heads, head)
+        .compute_at(v_heads, head_dim)
         .reorder({hiddeni, hidden, seq, batch});
+    v.update(0)
+        .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
+        .vectorize(hiddeni)
+        .reorder({hiddeni, hidden, v_row_x, batch});
     v_product
         .split(seq, seq, seqi, 4, TailStrategy::RoundUp)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
@@ -186,84 +230,88 @@ inline void apply_schedule_attn_self_attention_adams2019_sse41(
         .reorder({hiddeni, v_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     v_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
         .reorder({hiddeni, hidden, in_featurei, in_feature})
         .parallel(in_feature);
-    probs
-        .store_in(MemoryType::Stack)
-        .split(head, head, headi, 4, TailStrategy::ShiftInwards)
-        .split(query, query, queryi, 4, TailStrategy::ShiftInwards)
-        .split(queryi, queryi, queryii, 2, TailStrategy::ShiftInwards)
-        .vectorize(headi)
-        .compute_at(projection, seqi)
-        .store_at(projection, seq)
-        .reorder({headi, key, queryii, queryi, head, query, batch})
-        .reorder_storage(head, key, query, batch);
-    row_sum
-        .store_in(MemoryType::Stack)
-        .split(query, query, queryi, 4, TailStrategy::RoundUp)
-        .vectorize(queryi)
-        .compute_at(probs, queryii)
-        .reorder({queryi, query, head, batch});
-    row_sum.update(0)
-        .split(query, query, queryi, 4, TailStrategy::RoundUp)
-        .vectorize(queryi)
-        .reorder({queryi, j_x, query, head, batch});
-    row_max
-        .store_in(MemoryType::Stack)
-        .split(query, query, queryi, 4, TailStrategy::RoundUp)
-        .vectorize(queryi)
-        .compute_at(probs, queryi)
-        .reorder({queryi, query, head, batch});
-    row_max.update(0)
-        .split(query, query, queryi, 4, TailStrategy::RoundUp)
-        .vectorize(queryi)
-        .reorder({queryi, j_x, query, head, batch});
-    scores
-        .store_in(MemoryType::Stack)
-        .split(key, key, keyi, 64, TailStrategy::ShiftInwards)
-        .split(head, head, headi, 2, TailStrategy::ShiftInwards)
-        .split(keyi, keyi, keyii, 4, TailStrategy::ShiftInwards)
-        .unroll(query)
-        .unroll(headi)
-        .vectorize(keyii)
-        .compute_at(probs, queryi)
-        .store_at(probs, head)
-        .reorder({keyii, query, headi, keyi, key, head, batch});
+    block_exp
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .compute_root()
+        .reorder({query_in_blocki, query_in_block, key_in_chunk, key_chunk, head, query_block, key_block, batch})
+        .parallel(query_block)
+        .reorder_storage(query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch);
+    block_exp.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, query_in_block, key_in_block_x, key_in_block_y, head, query_block, key_block, batch})
+        .parallel(query_block);
+    block_max
+        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::RoundUp)
+        .split(query_in_blocki, query_in_blocki, query_in_blockii, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blockii)
+        .compute_root()
+        .reorder({query_in_blockii, query_in_blocki, query_block, head, query_in_block, key_block, batch})
+        .parallel(query_in_block);
+    block_max.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::GuardWithIf)
+        .split(query_in_blocki, query_in_blocki, query_in_blockii, 16, TailStrategy::GuardWithIf)
+        .vectorize(query_in_blockii)
+        .reorder({query_in_blockii, key_in_block_x, key_in_block_y, query_in_blocki, query_block, head, query_in_block, key_block, batch})
+        .parallel(query_in_block);
+    block_scores
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .compute_root()
+        .reorder({query_in_blocki, query_in_block, key_in_chunk, key_chunk, head, query_block, key_block, batch})
+        .parallel(query_block)
+        .reorder_storage(query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch);
+    block_scores.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
+        .split(query_in_blocki, query_in_blocki, query_in_blockii, 8, TailStrategy::GuardWithIf)
+        .split(query_in_blockii, query_in_blockii, query_in_blockiii, 4, TailStrategy::GuardWithIf)
+        .vectorize(query_in_blockiii)
+        .reorder({query_in_blockiii, query_in_blockii, key_in_block_x, key_in_block_y, query_in_blocki, headi, query_in_block, head, query_block, key_block, batch})
+        .parallel(query_block);
     dot
         .store_in(MemoryType::Stack)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .compute_at(scores, keyi)
-        .reorder({headi, head, key, query, batch})
-        .reorder_storage(head, key, query, batch);
+        .split(key_in_chunk, key_in_chunk, key_in_chunki, 4, TailStrategy::RoundUp)
+        .vectorize(key_in_chunki)
+        .compute_at(block_scores, key_in_block_y)
+        .reorder({key_in_chunki, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch});
     dot.update(0)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .reorder({headi, e_x, head, key, query, batch});
+        .split(key_in_chunk, key_in_chunk, key_in_chunki, 4, TailStrategy::RoundUp)
+        .vectorize(key_in_chunki)
+        .reorder({key_in_chunki, e_x, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch});
     q_heads
         .store_in(MemoryType::Stack)
-        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
-        .vectorize(headi)
-        .compute_at(scores, key)
-        .reorder({headi, head, head_dim, seq, batch})
-        .reorder_storage(head, head_dim, seq, batch);
+        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::RoundUp)
+        .vectorize(head_dimi)
+        .compute_at(block_scores, query_in_blocki)
+        .reorder({head_dimi, head_dim, head, seq, batch});
+    q
+        .store_in(MemoryType::Stack)
+        .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
+        .split(seq, seq, seqi, 4, TailStrategy::ShiftInwards)
+        .split(hiddeni, hiddeni, hiddenii, 4, TailStrategy::ShiftInwards)
+        .unroll(hiddeni)
+        .unroll(seqi)
+        .vectorize(hiddenii)
+        .compute_at(block_scores, query_in_block)
+        .reorder({hiddenii, hiddeni, seqi, hidden, seq, batch});
     q_product
-        .split(seq, seq, seqi, 4, TailStrategy::RoundUp)
+        .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .compute_root()
-        .reorder({hiddeni, hidden, seqi, seq, batch})
-        .parallel(seq);
+        .compute_at(q, hidden)
+        .reorder({hiddeni, hidden, seq, batch});
     q_product.update(0)
-        .split(seq, seq, seqi, 4, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
-        .reorder({hiddeni, q_k_x, hidden, seqi, seq, batch})
-        .parallel(seq);
+        .reorder({hiddeni, q_k_x, hidden, seq, batch});
     q_weight_t
         .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
@@ -271,37 +319,54 @@ inline void apply_schedule_attn_self_attention_adams2019_sse41(
         .compute_root()
         .reorder({hiddeni, hidden, in_featurei, in_feature})
         .parallel(in_feature);
-    key_transposed
-        .split(key, key, keyi, 64, TailStrategy::ShiftInwards)
+    keys
+        .split(head_dim, head_dim, head_dimi, 22, TailStrategy::ShiftInwards)
         .split(head, head, headi, 4, TailStrategy::ShiftInwards)
-        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::ShiftInwards)
-        .unroll(head_dimi)
-        .vectorize(headi)
+        .split(key, key, keyi, 260, TailStrategy::ShiftInwards)
+        .split(keyi, keyi, keyii, 4, TailStrategy::ShiftInwards)
+        .vectorize(keyii)
         .compute_root()
-        .reorder({headi, head_dimi, head, keyi, head_dim, key, batch})
-        .parallel(key)
-        .reorder_storage(head, key, head_dim, batch);
+        .reorder({keyii, keyi, head_dimi, headi, key, head_dim, head, batch})
+        .fuse(head_dim, head, head_dim)
+        .parallel(head_dim);
     k_heads
         .store_in(MemoryType::Stack)
-        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::ShiftInwards)
+        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::RoundUp)
         .vectorize(head_dimi)
-        .compute_at(key_transposed, head)
+        .compute_at(keys, key)
         .reorder({head_dimi, head_dim, head, seq, batch});
     k
-        .store_in(MemoryType::Stack)
-        .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
+        .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .compute_at(k_heads, head_dim)
+        .compute_at(keys, head_dim)
         .reorder({hiddeni, hidden, seq, batch});
+    k.update(0)
+        .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
+        .vectorize(hiddeni)
+        .reorder({hiddeni, hidden, k_row_x, batch});
+    kv_rows
+        .split(batch, batch, batchi, 4, TailStrategy::RoundUp)
+        .vectorize(batchi)
+        .compute_root()
+        .reorder({batchi, batch});
+    key_end
+        .split(batch, batch, batchi, 4, TailStrategy::RoundUp)
+        .vectorize(batchi)
+        .compute_root()
+        .reorder({batchi, batch});
+    key_end.update(0)
+        .split(batch, batch, batchi, 16, TailStrategy::GuardWithIf)
+        .vectorize(batchi)
+        .reorder({batchi, all_keys_x, batch});
     k_product
-        .split(seq, seq, seqi, 4, TailStrategy::RoundUp)
+        .split(seq, seq, seqi, 64, TailStrategy::RoundUp)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
         .vectorize(hiddeni)
         .compute_root()
         .reorder({hiddeni, hidden, seqi, seq, batch})
         .parallel(seq);
     k_product.update(0)
-        .split(seq, seq, seqi, 4, TailStrategy::GuardWithIf)
+        .split(seq, seq, seqi, 64, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
         .reorder({hiddeni, k_k_x, hidden, seqi, seq, batch})
@@ -313,12 +378,6 @@ inline void apply_schedule_attn_self_attention_adams2019_sse41(
         .compute_root()
         .reorder({hiddeni, hidden, in_featurei, in_feature})
         .parallel(in_feature);
-    keep
-        .store_in(MemoryType::Stack)
-        .split(key, key, keyi, 16, TailStrategy::ShiftInwards)
-        .vectorize(keyi)
-        .compute_at(probs, queryi)
-        .reorder({keyi, key, query, head, batch});
 
 }
 

@@ -18,41 +18,43 @@ inline void apply_schedule_attn_self_attention_anderson2021_cuda(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(42);
-    Func variance = pipeline.get_func(41);
-    Func sum_sq_dev = pipeline.get_func(40);
-    Func mean = pipeline.get_func(39);
-    Func sum = pipeline.get_func(38);
-    Func dense = pipeline.get_func(36);
-    Func projection = pipeline.get_func(35);
-    Func w_o_t = pipeline.get_func(34);
-    Func ctx = pipeline.get_func(32);
-    Func ctx_sum = pipeline.get_func(31);
-    Func v_heads = pipeline.get_func(30);
-    Func v = pipeline.get_func(29);
-    Func v_product = pipeline.get_func(28);
-    Func v_weight_t = pipeline.get_func(27);
-    Func probs = pipeline.get_func(24);
-    Func row_sum = pipeline.get_func(23);
-    Func exp_scores = pipeline.get_func(22);
-    Func row_max = pipeline.get_func(21);
-    Func scores = pipeline.get_func(20);
-    Func dot = pipeline.get_func(19);
-    Func q_heads = pipeline.get_func(18);
-    Func q = pipeline.get_func(17);
-    Func q_product = pipeline.get_func(16);
-    Func q_weight_t = pipeline.get_func(15);
-    Func key_transposed = pipeline.get_func(12);
-    Func k_heads = pipeline.get_func(11);
-    Func k = pipeline.get_func(10);
-    Func k_product = pipeline.get_func(9);
-    Func k_weight_t = pipeline.get_func(7);
-    Func keep = pipeline.get_func(3);
+    Func y_1 = pipeline.get_func(44);
+    Func variance = pipeline.get_func(43);
+    Func sum_sq_dev = pipeline.get_func(42);
+    Func mean = pipeline.get_func(41);
+    Func sum = pipeline.get_func(40);
+    Func dense = pipeline.get_func(38);
+    Func projection = pipeline.get_func(37);
+    Func w_o_t = pipeline.get_func(36);
+    Func ctx = pipeline.get_func(34);
+    Func running = pipeline.get_func(33);
+    Func block_sum = pipeline.get_func(32);
+    Func block_context = pipeline.get_func(31);
+    Func values = pipeline.get_func(30);
+    Func v_heads = pipeline.get_func(29);
+    Func v = pipeline.get_func(28);
+    Func v_product = pipeline.get_func(27);
+    Func v_weight_t = pipeline.get_func(26);
+    Func block_exp = pipeline.get_func(23);
+    Func block_max = pipeline.get_func(22);
+    Func block_scores = pipeline.get_func(21);
+    Func dot = pipeline.get_func(20);
+    Func q_heads = pipeline.get_func(19);
+    Func q = pipeline.get_func(18);
+    Func q_product = pipeline.get_func(17);
+    Func q_weight_t = pipeline.get_func(16);
+    Func keys = pipeline.get_func(13);
+    Func k_heads = pipeline.get_func(12);
+    Func k = pipeline.get_func(11);
+    Func kv_rows = pipeline.get_func(10);
+    Func key_end = pipeline.get_func(9);
+    Func k_product = pipeline.get_func(7);
+    Func k_weight_t = pipeline.get_func(5);
     Var batch(y_1.get_schedule().dims()[2].var);
     Var batchi("batchi");
     Var batchii("batchii");
-    Var head(ctx_sum.get_schedule().dims()[1].var);
-    Var head_dim(ctx_sum.get_schedule().dims()[0].var);
+    Var head(ctx.get_schedule().dims()[1].var);
+    Var head_dim(ctx.get_schedule().dims()[0].var);
     Var head_dimi("head_dimi");
     Var head_dimii("head_dimii");
     Var headi("headi");
@@ -61,26 +63,44 @@ inline void apply_schedule_attn_self_attention_anderson2021_cuda(
     Var hiddeni("hiddeni");
     Var hiddenii("hiddenii");
     Var in_feature(w_o_t.get_schedule().dims()[1].var);
-    Var key(probs.get_schedule().dims()[0].var);
+    Var key(values.get_schedule().dims()[1].var);
+    Var key_block(block_sum.get_schedule().dims()[2].var);
+    Var key_chunk(block_exp.get_schedule().dims()[1].var);
+    Var key_in_chunk(block_exp.get_schedule().dims()[0].var);
+    Var key_in_chunki("key_in_chunki");
     Var keyi("keyi");
     Var keyii("keyii");
-    Var query(ctx_sum.get_schedule().dims()[2].var);
+    Var query(ctx.get_schedule().dims()[2].var);
+    Var query_block(running.get_schedule().dims()[2].var);
+    Var query_blocki("query_blocki");
+    Var query_blockii("query_blockii");
+    Var query_in_block(running.get_schedule().dims()[1].var);
+    Var query_in_blocki("query_in_blocki");
+    Var query_in_blockii("query_in_blockii");
     Var queryi("queryi");
+    Var queryii("queryii");
     Var seq(y_1.get_schedule().dims()[1].var);
     Var seqi("seqi");
     Var seqii("seqii");
-    RVar context_j_x(ctx_sum.update(0).get_schedule().dims()[0].var);
+    RVar all_keys_x(key_end.update(0).get_schedule().dims()[0].var);
     RVar e_x(dot.update(0).get_schedule().dims()[0].var);
     RVar in_feature_x(projection.update(0).get_schedule().dims()[0].var);
     RVar in_feature_y(projection.update(0).get_schedule().dims()[1].var);
-    RVar j_x(row_sum.update(0).get_schedule().dims()[0].var);
     RVar k_k_x(k_product.update(0).get_schedule().dims()[0].var);
+    RVar k_row_x(k.update(0).get_schedule().dims()[0].var);
+    RVar key_blocks_x(running.update(0).get_schedule().dims()[0].var);
+    RVar key_in_block_x(block_sum.update(0).get_schedule().dims()[0].var);
+    RVar key_in_block_y(block_sum.update(0).get_schedule().dims()[1].var);
     RVar q_k_x(q_product.update(0).get_schedule().dims()[0].var);
     RVar row_x(sum_sq_dev.update(0).get_schedule().dims()[0].var);
     RVar v_k_x(v_product.update(0).get_schedule().dims()[0].var);
+    RVar v_row_x(v.update(0).get_schedule().dims()[0].var);
+    Var batchi_serial_outer("batchi_serial_outer");
+    Var key_in_chunki_serial_outer("key_in_chunki_serial_outer");
     Var keyi_serial_outer("keyi_serial_outer");
-    Var queryi_serial_outer("queryi_serial_outer");
+    Var query_in_blocki_serial_outer("query_in_blocki_serial_outer");
     Var head_dimi_serial_outer("head_dimi_serial_outer");
+    Var headi_serial_outer("headi_serial_outer");
     Var seq_serial_outer("seq_serial_outer");
     Var seqi_serial_outer("seqi_serial_outer");
     Var hiddeni_serial_outer("hiddeni_serial_outer");
@@ -160,66 +180,148 @@ inline void apply_schedule_attn_self_attention_anderson2021_cuda(
         .gpu_blocks(in_feature)
         .split(hiddeni, hiddeni_serial_outer, hiddeni, 64, TailStrategy::GuardWithIf)
         .gpu_threads(hiddeni);
-    ctx_sum
-        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
-        .split(query, query, queryi, 2, TailStrategy::RoundUp)
+    ctx
+        .split(head_dim, head_dim, head_dimi, 64, TailStrategy::RoundUp)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .split(query, query, queryi, 8, TailStrategy::RoundUp)
+        .split(queryi, queryi, queryii, 8, TailStrategy::RoundUp)
+        .unroll(queryii)
         .compute_root()
-        .reorder(head_dimi, queryi, head_dim, head, query, batch)
-        .gpu_blocks(head_dim)
+        .reorder(queryii, head_dimi, headi, queryi, head_dim, head, query, batch)
         .gpu_blocks(head)
-        .fuse(query, batch, query)
         .gpu_blocks(query)
-        .split(head_dimi, head_dimi_serial_outer, head_dimi, 16, TailStrategy::GuardWithIf)
+        .gpu_blocks(batch)
+        .split(head_dimi, head_dimi_serial_outer, head_dimi, 64, TailStrategy::GuardWithIf)
         .gpu_threads(head_dimi)
-        .split(queryi, queryi_serial_outer, queryi, 2, TailStrategy::GuardWithIf)
-        .gpu_threads(queryi);
-    ctx_sum.update(0)
+        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
+        .gpu_threads(headi);
+    running
         .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
-        .split(query, query, queryi, 2, TailStrategy::RoundUp)
-        .reorder(context_j_x, head_dimi, queryi, head_dim, head, query, batch)
-        .gpu_blocks(head_dim)
-        .gpu_blocks(head)
-        .fuse(query, batch, query)
-        .gpu_blocks(query)
-        .split(head_dimi, head_dimi_serial_outer, head_dimi, 16, TailStrategy::GuardWithIf)
-        .gpu_threads(head_dimi)
-        .split(queryi, queryi_serial_outer, queryi, 2, TailStrategy::GuardWithIf)
-        .gpu_threads(queryi);
-    v_heads
-        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
-        .split(seq, seq, seqi, 4, TailStrategy::RoundUp)
-        .split(batch, batch, batchi, 8, TailStrategy::RoundUp)
-        .split(seqi, seqi, seqii, 2, TailStrategy::RoundUp)
-        .split(batchi, batchi, batchii, 8, TailStrategy::RoundUp)
-        .unroll(seqii)
-        .unroll(batchii)
+        .split(query_in_block, query_in_block, query_in_blocki, 2, TailStrategy::RoundUp)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .split(headi, headi, headii, 4, TailStrategy::RoundUp)
+        .unroll(headii)
         .compute_root()
-        .reorder(seqii, batchii, head_dimi, seqi, batchi, head_dim, head, seq, batch)
+        .reorder(headii, head_dimi, query_in_blocki, headi, head_dim, query_in_block, query_block, head, batch)
         .gpu_blocks(head_dim)
-        .gpu_blocks(head)
-        .fuse(seq, batch, seq)
-        .gpu_blocks(seq)
+        .gpu_blocks(query_in_block)
+        .fuse(query_block, head, query_block)
+        .fuse(query_block, batch, query_block)
+        .gpu_blocks(query_block)
         .split(head_dimi, head_dimi_serial_outer, head_dimi, 16, TailStrategy::GuardWithIf)
         .gpu_threads(head_dimi)
-        .split(seqi, seqi_serial_outer, seqi, 2, TailStrategy::GuardWithIf)
-        .gpu_threads(seqi);
+        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(query_in_blocki);
+    running.update(0)
+        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
+        .split(query_in_block, query_in_block, query_in_blocki, 2, TailStrategy::RoundUp)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .split(headi, headi, headii, 4, TailStrategy::GuardWithIf)
+        .unroll(headii)
+        .reorder(headii, key_blocks_x, head_dimi, query_in_blocki, headi, head_dim, query_in_block, query_block, head, batch)
+        .gpu_blocks(head_dim)
+        .gpu_blocks(query_in_block)
+        .fuse(query_block, head, query_block)
+        .fuse(query_block, batch, query_block)
+        .gpu_blocks(query_block)
+        .split(head_dimi, head_dimi_serial_outer, head_dimi, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(head_dimi)
+        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(query_in_blocki);
+    block_sum
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .compute_root()
+        .reorder(query_in_blocki, query_in_block, query_block, key_block, head, batch)
+        .gpu_blocks(query_in_block)
+        .gpu_blocks(query_block)
+        .fuse(key_block, head, key_block)
+        .fuse(key_block, batch, key_block)
+        .gpu_blocks(key_block)
+        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(query_in_blocki);
+    block_sum.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .reorder(key_in_block_x, query_in_blocki, query_in_block, key_in_block_y, query_block, key_block, head, batch)
+        .gpu_blocks(batch)
+        .gpu_blocks(head)
+        .gpu_blocks(key_block)
+        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(query_in_blocki);
+    block_context
+        .split(head_dim, head_dim, head_dimi, 32, TailStrategy::RoundUp)
+        .split(query_in_block, query_in_block, query_in_blocki, 8, TailStrategy::RoundUp)
+        .split(head, head, headi, 2, TailStrategy::RoundUp)
+        .split(head_dimi, head_dimi, head_dimii, 2, TailStrategy::RoundUp)
+        .split(query_in_blocki, query_in_blocki, query_in_blockii, 8, TailStrategy::RoundUp)
+        .unroll(head_dimii)
+        .unroll(query_in_blockii)
+        .compute_root()
+        .reorder(head_dimii, query_in_blockii, head_dimi, query_in_blocki, headi, head_dim, query_in_block, query_block, key_block, head, batch)
+        .gpu_blocks(head_dim)
+        .gpu_blocks(query_in_block)
+        .fuse(query_block, key_block, query_block)
+        .fuse(query_block, head, query_block)
+        .fuse(query_block, batch, query_block)
+        .gpu_blocks(query_block)
+        .split(head_dimi, head_dimi_serial_outer, head_dimi, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(head_dimi)
+        .split(headi, headi_serial_outer, headi, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(headi);
+    block_context.update(0)
+        .split(head_dim, head_dim, head_dimi, 32, TailStrategy::RoundUp)
+        .split(query_in_block, query_in_block, query_in_blocki, 8, TailStrategy::RoundUp)
+        .split(head, head, headi, 2, TailStrategy::RoundUp)
+        .split(head_dimi, head_dimi, head_dimii, 2, TailStrategy::GuardWithIf)
+        .split(query_in_blocki, query_in_blocki, query_in_blockii, 8, TailStrategy::GuardWithIf)
+        .unroll(head_dimii)
+        .unroll(query_in_blockii)
+        .reorder(head_dimii, query_in_blockii, key_in_block_x, head_dimi, query_in_blocki, headi, head_dim, key_in_block_y, query_in_block, query_block, key_block, head, batch)
+        .gpu_blocks(batch)
+        .gpu_blocks(head)
+        .gpu_blocks(key_block)
+        .split(head_dimi, head_dimi_serial_outer, head_dimi, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(head_dimi)
+        .split(headi, headi_serial_outer, headi, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(headi);
+    values
+        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
+        .split(key, key, keyi, 16, TailStrategy::RoundUp)
+        .split(head, head, headi, 2, TailStrategy::RoundUp)
+        .split(keyi, keyi, keyii, 8, TailStrategy::RoundUp)
+        .split(headi, headi, headii, 2, TailStrategy::RoundUp)
+        .unroll(keyii)
+        .unroll(headii)
+        .compute_root()
+        .reorder(keyii, headii, head_dimi, keyi, headi, head_dim, key, head, batch)
+        .gpu_blocks(head_dim)
+        .gpu_blocks(key)
+        .fuse(head, batch, head)
+        .gpu_blocks(head)
+        .split(head_dimi, head_dimi_serial_outer, head_dimi, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(head_dimi)
+        .split(keyi, keyi_serial_outer, keyi, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(keyi);
     v
-        .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
-        .split(seq, seq, seqi, 16, TailStrategy::ShiftInwards)
-        .split(batch, batch, batchi, 4, TailStrategy::ShiftInwards)
-        .split(seqi, seqi, seqii, 4, TailStrategy::ShiftInwards)
-        .split(batchi, batchi, batchii, 4, TailStrategy::ShiftInwards)
+        .split(hidden, hidden, hiddeni, 16, TailStrategy::RoundUp)
+        .split(seq, seq, seqi, 128, TailStrategy::RoundUp)
+        .split(seqi, seqi, seqii, 8, TailStrategy::RoundUp)
         .unroll(seqii)
-        .unroll(batchii)
         .compute_root()
-        .reorder(seqii, batchii, hiddeni, seqi, batchi, hidden, seq, batch)
+        .reorder(seqii, hiddeni, seqi, hidden, seq, batch)
         .gpu_blocks(hidden)
         .gpu_blocks(seq)
         .gpu_blocks(batch)
         .split(hiddeni, hiddeni_serial_outer, hiddeni, 16, TailStrategy::GuardWithIf)
         .gpu_threads(hiddeni)
-        .split(seqi, seqi_serial_outer, seqi, 4, TailStrategy::GuardWithIf)
+        .split(seqi, seqi_serial_outer, seqi, 16, TailStrategy::GuardWithIf)
         .gpu_threads(seqi);
+    v.update(0)
+        .split(hidden, hidden, hiddeni, 16, TailStrategy::GuardWithIf)
+        .reorder(v_row_x, hiddeni, hidden, batch)
+        .gpu_blocks(hidden)
+        .gpu_blocks(batch)
+        .split(hiddeni, hiddeni_serial_outer, hiddeni, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(hiddeni);
     v_product
         .split(hidden, hidden, hiddeni, 256, TailStrategy::RoundUp)
         .split(seq, seq, seqi, 2, TailStrategy::RoundUp)
@@ -255,86 +357,116 @@ inline void apply_schedule_attn_self_attention_anderson2021_cuda(
         .gpu_blocks(in_feature)
         .split(hiddeni, hiddeni_serial_outer, hiddeni, 64, TailStrategy::GuardWithIf)
         .gpu_threads(hiddeni);
-    probs
-        .split(key, key, keyi, 128, TailStrategy::ShiftInwards)
-        .split(head, head, headi, 6, TailStrategy::ShiftInwards)
-        .split(keyi, keyi, keyii, 2, TailStrategy::ShiftInwards)
-        .split(headi, headi, headii, 6, TailStrategy::ShiftInwards)
-        .unroll(keyii)
-        .unroll(headii)
+    block_exp
+        .split(key_in_chunk, key_in_chunk, key_in_chunki, 16, TailStrategy::RoundUp)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .split(query_block, query_block, query_blocki, 2, TailStrategy::RoundUp)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .split(query_blocki, query_blocki, query_blockii, 2, TailStrategy::RoundUp)
+        .unroll(query_blockii)
         .compute_root()
-        .reorder(keyii, headii, keyi, headi, key, query, head, batch)
-        .gpu_blocks(query)
-        .gpu_blocks(head)
+        .reorder(query_blockii, key_in_chunki, query_in_blocki, query_blocki, headi, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch)
+        .gpu_blocks(key_in_chunk)
+        .gpu_blocks(key_chunk)
+        .fuse(query_in_block, query_block, query_in_block)
+        .fuse(query_in_block, key_block, query_in_block)
+        .fuse(query_in_block, head, query_in_block)
+        .fuse(query_in_block, batch, query_in_block)
+        .gpu_blocks(query_in_block)
+        .split(key_in_chunki, key_in_chunki_serial_outer, key_in_chunki, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(key_in_chunki)
+        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(query_in_blocki)
+        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
+        .gpu_threads(headi);
+    block_exp.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .split(query_block, query_block, query_blocki, 2, TailStrategy::GuardWithIf)
+        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
+        .split(query_blocki, query_blocki, query_blockii, 2, TailStrategy::GuardWithIf)
+        .reorder(key_in_block_x, query_blockii, query_in_blocki, query_blocki, headi, key_in_block_y, query_in_block, query_block, key_block, head, batch)
         .gpu_blocks(batch)
-        .split(keyi, keyi_serial_outer, keyi, 64, TailStrategy::GuardWithIf)
-        .gpu_threads(keyi);
-    row_sum
-        .split(query, query, queryi, 16, TailStrategy::RoundUp)
+        .gpu_blocks(head)
+        .gpu_blocks(key_block)
+        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(query_in_blocki)
+        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
+        .gpu_threads(headi);
+    block_max
+        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::RoundUp)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
         .compute_root()
-        .reorder(queryi, query, head, batch)
-        .gpu_blocks(query)
-        .gpu_blocks(head)
-        .gpu_blocks(batch)
-        .split(queryi, queryi_serial_outer, queryi, 16, TailStrategy::GuardWithIf)
-        .gpu_threads(queryi);
-    row_sum.update(0)
-        .split(query, query, queryi, 16, TailStrategy::GuardWithIf)
-        .reorder(j_x, queryi, query, head, batch)
-        .gpu_blocks(query)
-        .gpu_blocks(head)
-        .gpu_blocks(batch)
-        .split(queryi, queryi_serial_outer, queryi, 16, TailStrategy::GuardWithIf)
-        .gpu_threads(queryi);
-    row_max
-        .split(query, query, queryi, 32, TailStrategy::RoundUp)
-        .compute_root()
-        .reorder(queryi, query, head, batch)
-        .gpu_blocks(query)
-        .gpu_blocks(head)
-        .gpu_blocks(batch)
-        .split(queryi, queryi_serial_outer, queryi, 32, TailStrategy::GuardWithIf)
-        .gpu_threads(queryi);
-    row_max.update(0)
-        .split(query, query, queryi, 32, TailStrategy::GuardWithIf)
-        .reorder(j_x, queryi, query, head, batch)
-        .gpu_blocks(query)
-        .gpu_blocks(head)
-        .gpu_blocks(batch)
-        .split(queryi, queryi_serial_outer, queryi, 32, TailStrategy::GuardWithIf)
-        .gpu_threads(queryi);
-    scores
-        .split(key, key, keyi, 16, TailStrategy::ShiftInwards)
-        .split(head, head, headi, 6, TailStrategy::ShiftInwards)
-        .split(headi, headi, headii, 6, TailStrategy::ShiftInwards)
-        .unroll(headii)
-        .compute_root()
-        .reorder(headii, keyi, headi, key, query, head, batch)
-        .gpu_blocks(key)
-        .gpu_blocks(query)
+        .reorder(query_in_blocki, headi, query_in_block, query_block, key_block, head, batch)
+        .gpu_blocks(query_block)
+        .gpu_blocks(key_block)
         .fuse(head, batch, head)
         .gpu_blocks(head)
-        .split(keyi, keyi_serial_outer, keyi, 16, TailStrategy::GuardWithIf)
-        .gpu_threads(keyi);
+        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 32, TailStrategy::GuardWithIf)
+        .gpu_threads(query_in_blocki)
+        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
+        .gpu_threads(headi);
+    block_max.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::GuardWithIf)
+        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
+        .reorder(key_in_block_x, query_in_blocki, headi, query_in_block, key_in_block_y, query_block, key_block, head, batch)
+        .gpu_blocks(batch)
+        .gpu_blocks(head)
+        .gpu_blocks(key_block)
+        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 32, TailStrategy::GuardWithIf)
+        .gpu_threads(query_in_blocki)
+        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
+        .gpu_threads(headi);
+    block_scores
+        .split(key_in_chunk, key_in_chunk, key_in_chunki, 16, TailStrategy::RoundUp)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .compute_root()
+        .reorder(key_in_chunki, query_in_blocki, headi, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch)
+        .gpu_blocks(key_in_chunk)
+        .gpu_blocks(key_chunk)
+        .fuse(query_in_block, query_block, query_in_block)
+        .fuse(query_in_block, key_block, query_in_block)
+        .fuse(query_in_block, head, query_in_block)
+        .fuse(query_in_block, batch, query_in_block)
+        .gpu_blocks(query_in_block)
+        .split(key_in_chunki, key_in_chunki_serial_outer, key_in_chunki, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(key_in_chunki)
+        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(query_in_blocki)
+        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
+        .gpu_threads(headi);
+    block_scores.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
+        .reorder(key_in_block_x, query_in_blocki, headi, key_in_block_y, query_in_block, query_block, key_block, head, batch)
+        .gpu_blocks(batch)
+        .gpu_blocks(head)
+        .gpu_blocks(key_block)
+        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(query_in_blocki)
+        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
+        .gpu_threads(headi);
     dot
-        .split(key, key, keyi, 32, TailStrategy::RoundUp)
+        .split(key_in_chunk, key_in_chunk, key_in_chunki, 32, TailStrategy::RoundUp)
         .compute_root()
-        .reorder(keyi, key, query, head, batch)
-        .gpu_blocks(key)
-        .gpu_blocks(query)
-        .fuse(head, batch, head)
-        .gpu_blocks(head)
-        .split(keyi, keyi_serial_outer, keyi, 32, TailStrategy::GuardWithIf)
-        .gpu_threads(keyi);
+        .reorder(key_in_chunki, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch)
+        .gpu_blocks(query_in_block)
+        .gpu_blocks(query_block)
+        .fuse(key_block, head, key_block)
+        .fuse(key_block, batch, key_block)
+        .gpu_blocks(key_block)
+        .split(key_in_chunki, key_in_chunki_serial_outer, key_in_chunki, 32, TailStrategy::GuardWithIf)
+        .gpu_threads(key_in_chunki);
     dot.update(0)
-        .split(key, key, keyi, 32, TailStrategy::RoundUp)
-        .reorder(e_x, keyi, key, query, head, batch)
-        .gpu_blocks(key)
-        .gpu_blocks(query)
-        .fuse(head, batch, head)
-        .gpu_blocks(head)
-        .split(keyi, keyi_serial_outer, keyi, 32, TailStrategy::GuardWithIf)
-        .gpu_threads(keyi);
+        .split(key_in_chunk, key_in_chunk, key_in_chunki, 32, TailStrategy::RoundUp)
+        .reorder(e_x, key_in_chunki, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch)
+        .gpu_blocks(query_in_block)
+        .gpu_blocks(query_block)
+        .fuse(key_block, head, key_block)
+        .fuse(key_block, batch, key_block)
+        .gpu_blocks(key_block)
+        .split(key_in_chunki, key_in_chunki_serial_outer, key_in_chunki, 32, TailStrategy::GuardWithIf)
+        .gpu_threads(key_in_chunki);
     q_heads
         .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
         .split(seq, seq, seqi, 4, TailStrategy::RoundUp)
@@ -405,12 +537,12 @@ inline void apply_schedule_attn_self_attention_anderson2021_cuda(
         .gpu_blocks(in_feature)
         .split(hiddeni, hiddeni_serial_outer, hiddeni, 64, TailStrategy::GuardWithIf)
         .gpu_threads(hiddeni);
-    key_transposed
-        .split(key, key, keyi, 16, TailStrategy::ShiftInwards)
-        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::ShiftInwards)
-        .split(batch, batch, batchi, 2, TailStrategy::ShiftInwards)
-        .split(head_dimi, head_dimi, head_dimii, 8, TailStrategy::ShiftInwards)
-        .split(batchi, batchi, batchii, 2, TailStrategy::ShiftInwards)
+    keys
+        .split(key, key, keyi, 16, TailStrategy::RoundUp)
+        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::RoundUp)
+        .split(batch, batch, batchi, 8, TailStrategy::RoundUp)
+        .split(head_dimi, head_dimi, head_dimii, 2, TailStrategy::RoundUp)
+        .split(batchi, batchi, batchii, 8, TailStrategy::RoundUp)
         .unroll(head_dimii)
         .unroll(batchii)
         .compute_root()
@@ -423,6 +555,47 @@ inline void apply_schedule_attn_self_attention_anderson2021_cuda(
         .gpu_threads(keyi)
         .split(head_dimi, head_dimi_serial_outer, head_dimi, 2, TailStrategy::GuardWithIf)
         .gpu_threads(head_dimi);
+    k
+        .split(hidden, hidden, hiddeni, 16, TailStrategy::RoundUp)
+        .split(seq, seq, seqi, 128, TailStrategy::RoundUp)
+        .split(seqi, seqi, seqii, 8, TailStrategy::RoundUp)
+        .unroll(seqii)
+        .compute_root()
+        .reorder(seqii, hiddeni, seqi, hidden, seq, batch)
+        .gpu_blocks(hidden)
+        .gpu_blocks(seq)
+        .gpu_blocks(batch)
+        .split(hiddeni, hiddeni_serial_outer, hiddeni, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(hiddeni)
+        .split(seqi, seqi_serial_outer, seqi, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(seqi);
+    k.update(0)
+        .split(hidden, hidden, hiddeni, 16, TailStrategy::GuardWithIf)
+        .reorder(k_row_x, hiddeni, hidden, batch)
+        .gpu_blocks(hidden)
+        .gpu_blocks(batch)
+        .split(hiddeni, hiddeni_serial_outer, hiddeni, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(hiddeni);
+    kv_rows
+        .split(batch, batch, batchi, 2, TailStrategy::RoundUp)
+        .compute_root()
+        .reorder(batchi, batch)
+        .gpu_blocks(batch)
+        .split(batchi, batchi_serial_outer, batchi, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(batchi);
+    key_end
+        .split(batch, batch, batchi, 2, TailStrategy::RoundUp)
+        .compute_root()
+        .reorder(batchi, batch)
+        .gpu_blocks(batch)
+        .split(batchi, batchi_serial_outer, batchi, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(batchi);
+    key_end.update(0)
+        .split(batch, batch, batchi, 2, TailStrategy::GuardWithIf)
+        .reorder(all_keys_x, batchi, batch)
+        .gpu_blocks(batch)
+        .split(batchi, batchi_serial_outer, batchi, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(batchi);
     k_product
         .split(hidden, hidden, hiddeni, 256, TailStrategy::RoundUp)
         .split(seq, seq, seqi, 2, TailStrategy::RoundUp)
@@ -482,35 +655,15 @@ inline void apply_schedule_attn_self_attention_anderson2021_cuda(
         .unroll(seq)
         .bound_extent(batch, 1)
         .unroll(batch);
-    v_product.in(v).store_in(MemoryType::Register).compute_at(v, hiddeni)
-        .bound_extent(hidden, 1)
-        .unroll(hidden)
-        .bound_extent(seq, 4)
-        .unroll(seq)
-        .bound_extent(batch, 4)
-        .unroll(batch);
-    row_sum.in(probs).store_in(MemoryType::Register).compute_at(probs, keyi)
-        .bound_extent(query, 1)
-        .unroll(query)
-        .bound_extent(head, 6)
-        .unroll(head)
-        .bound_extent(batch, 1)
-        .unroll(batch);
-    dot.in(scores).store_in(MemoryType::Register).compute_at(scores, keyi)
-        .bound_extent(key, 1)
-        .unroll(key)
-        .bound_extent(query, 1)
-        .unroll(query)
-        .bound_extent(head, 6)
-        .unroll(head)
-        .bound_extent(batch, 1)
-        .unroll(batch);
     q_product.in(q).store_in(MemoryType::Register).compute_at(q, hiddeni)
         .bound_extent(hidden, 1)
         .unroll(hidden)
         .bound_extent(seq, 4)
         .unroll(seq)
         .bound_extent(batch, 4)
+        .unroll(batch);
+    key_end.in(kv_rows).store_in(MemoryType::Register).compute_at(kv_rows, batchi)
+        .bound_extent(batch, 1)
         .unroll(batch);
 
 }

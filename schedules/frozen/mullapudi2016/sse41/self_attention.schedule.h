@@ -18,7 +18,7 @@ inline void apply_schedule_attn_self_attention_mullapudi2016_sse41(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    // Declared by tools/freeze_schedules.py (pure Vars the emitter may use undeclared):
+    // Declared by tools/freeze_schedules.py (Vars the emitter may use undeclared):
     [[maybe_unused]] Var hidden("hidden");
     [[maybe_unused]] Var seq("seq");
     [[maybe_unused]] Var batch("batch");
@@ -27,6 +27,11 @@ inline void apply_schedule_attn_self_attention_mullapudi2016_sse41(
     [[maybe_unused]] Var key("key");
     [[maybe_unused]] Var query("query");
     [[maybe_unused]] Var in_feature("in_feature");
+    [[maybe_unused]] Var query_block("query_block");
+    [[maybe_unused]] Var query_in_block("query_in_block");
+    [[maybe_unused]] Var key_block("key_block");
+    [[maybe_unused]] Var key_chunk("key_chunk");
+    [[maybe_unused]] Var key_in_chunk("key_in_chunk");
     Var head_dim_vi("head_dim_vi");
     Var head_dim_vo("head_dim_vo");
     Var hidden_i("hidden_i");
@@ -37,60 +42,149 @@ inline void apply_schedule_attn_self_attention_mullapudi2016_sse41(
     Var hidden_vo("hidden_vo");
     Var in_feature_vi("in_feature_vi");
     Var in_feature_vo("in_feature_vo");
-    Var key_i("key_i");
-    Var key_i_vi("key_i_vi");
-    Var key_i_vo("key_i_vo");
-    Var key_o("key_o");
-    Var key_vi("key_vi");
-    Var key_vo("key_vo");
-    Var query_vi("query_vi");
-    Var query_vo("query_vo");
+    RVar key_in_block$x_vi("key_in_block$x_vi");
+    RVar key_in_block$x_vo("key_in_block$x_vo");
+    Var key_in_chunk_vi("key_in_chunk_vi");
+    Var key_in_chunk_vo("key_in_chunk_vo");
+    Var query_in_block_vi("query_in_block_vi");
+    Var query_in_block_vo("query_in_block_vo");
     Var seq_vi("seq_vi");
     Var seq_vo("seq_vo");
 
-    Func ctx_sum = pipeline.get_func(31);
-    Func dense = pipeline.get_func(36);
-    Func dot = pipeline.get_func(19);
-    Func exp_scores = pipeline.get_func(22);
-    Func k_product = pipeline.get_func(9);
-    Func k_weight_t = pipeline.get_func(7);
-    Func keep = pipeline.get_func(3);
-    Func key_transposed = pipeline.get_func(12);
-    Func mean = pipeline.get_func(39);
-    Func probs = pipeline.get_func(24);
-    Func projection = pipeline.get_func(35);
-    Func q_heads = pipeline.get_func(18);
-    Func q_product = pipeline.get_func(16);
-    Func q_weight_t = pipeline.get_func(15);
-    Func row_max = pipeline.get_func(21);
-    Func row_sum = pipeline.get_func(23);
-    Func scores = pipeline.get_func(20);
-    Func sum = pipeline.get_func(38);
-    Func sum_sq_dev = pipeline.get_func(40);
-    Func v_heads = pipeline.get_func(30);
-    Func v_product = pipeline.get_func(28);
-    Func v_weight_t = pipeline.get_func(27);
-    Func variance = pipeline.get_func(41);
-    Func w_o_t = pipeline.get_func(34);
-    Func y_1 = pipeline.get_func(42);
+    Func block_context = pipeline.get_func(31);
+    Func block_exp = pipeline.get_func(23);
+    Func block_max = pipeline.get_func(22);
+    Func block_scores = pipeline.get_func(21);
+    Func block_sum = pipeline.get_func(32);
+    Func ctx = pipeline.get_func(34);
+    Func dense = pipeline.get_func(38);
+    Func dot = pipeline.get_func(20);
+    Func k = pipeline.get_func(11);
+    Func k_heads = pipeline.get_func(12);
+    Func k_product = pipeline.get_func(7);
+    Func k_weight_t = pipeline.get_func(5);
+    Func key_end = pipeline.get_func(9);
+    Func mean = pipeline.get_func(41);
+    Func projection = pipeline.get_func(37);
+    Func q_heads = pipeline.get_func(19);
+    Func q_product = pipeline.get_func(17);
+    Func q_weight_t = pipeline.get_func(16);
+    Func running = pipeline.get_func(33);
+    Func sum = pipeline.get_func(40);
+    Func sum_sq_dev = pipeline.get_func(42);
+    Func v = pipeline.get_func(28);
+    Func v_heads = pipeline.get_func(29);
+    Func v_product = pipeline.get_func(27);
+    Func v_weight_t = pipeline.get_func(26);
+    Func variance = pipeline.get_func(43);
+    Func w_o_t = pipeline.get_func(36);
+    Func y_1 = pipeline.get_func(44);
 
     {
-        Var head_dim = ctx_sum.args()[0];
-        Var query = ctx_sum.args()[2];
-        Var batch = ctx_sum.args()[3];
-        RVar context_j$x(ctx_sum.update(0).get_schedule().rvars()[0].var);
-        ctx_sum
+        Var head_dim = block_context.args()[0];
+        Var head = block_context.args()[4];
+        Var batch = block_context.args()[5];
+        RVar key_in_block$x(block_context.update(0).get_schedule().rvars()[0].var);
+        RVar key_in_block$y(block_context.update(0).get_schedule().rvars()[1].var);
+        block_context
             .compute_root()
             .split(head_dim, head_dim_vo, head_dim_vi, 4)
             .vectorize(head_dim_vi)
             .parallel(batch)
-            .parallel(query);
-        ctx_sum.update(0)
-            .reorder(head_dim, head, context_j$x, query, batch)
-            .reorder(head_dim, context_j$x, batch, head, query)
+            .parallel(head);
+        block_context.update(0)
+            .reorder(head_dim, query_in_block, key_in_block$x, key_in_block$y, query_block, head, key_block, batch)
+            .reorder(key_block, batch, head_dim, query_in_block, key_in_block$x, key_in_block$y, query_block, head)
             .split(head_dim, head_dim_vo, head_dim_vi, 4, TailStrategy::GuardWithIf)
             .vectorize(head_dim_vi)
-            .parallel(query);
+            .parallel(head);
+    }
+    {
+        Var key_in_chunk = block_exp.args()[0];
+        Var head = block_exp.args()[5];
+        Var batch = block_exp.args()[6];
+        RVar key_in_block$x(block_exp.update(0).get_schedule().rvars()[0].var);
+        RVar key_in_block$y(block_exp.update(0).get_schedule().rvars()[1].var);
+        block_exp
+            .compute_root()
+            .split(key_in_chunk, key_in_chunk_vo, key_in_chunk_vi, 4)
+            .vectorize(key_in_chunk_vi)
+            .parallel(batch)
+            .parallel(head);
+        block_exp.update(0)
+            .reorder(key_in_block$x, key_in_block$y, query_in_block, query_block, head, key_block, batch)
+            .split(key_in_block$x, key_in_block$x_vo, key_in_block$x_vi, 4)
+            .vectorize(key_in_block$x_vi)
+            .parallel(batch)
+            .parallel(key_block)
+            .parallel(head);
+    }
+    {
+        Var query_in_block = block_max.args()[0];
+        Var head = block_max.args()[3];
+        Var batch = block_max.args()[4];
+        RVar key_in_block$x(block_max.update(0).get_schedule().rvars()[0].var);
+        RVar key_in_block$y(block_max.update(0).get_schedule().rvars()[1].var);
+        block_max
+            .compute_root()
+            .split(query_in_block, query_in_block_vo, query_in_block_vi, 4)
+            .vectorize(query_in_block_vi)
+            .parallel(batch)
+            .parallel(head);
+        block_max.update(0)
+            .reorder(key_in_block$x, key_in_block$y, query_in_block, query_block, head, key_block, batch)
+            .split(query_in_block, query_in_block_vo, query_in_block_vi, 4, TailStrategy::GuardWithIf)
+            .vectorize(query_in_block_vi)
+            .parallel(batch)
+            .parallel(key_block)
+            .parallel(head);
+    }
+    {
+        Var key_in_chunk = block_scores.args()[0];
+        Var head = block_scores.args()[5];
+        Var batch = block_scores.args()[6];
+        RVar key_in_block$x(block_scores.update(0).get_schedule().rvars()[0].var);
+        RVar key_in_block$y(block_scores.update(0).get_schedule().rvars()[1].var);
+        block_scores
+            .compute_root()
+            .split(key_in_chunk, key_in_chunk_vo, key_in_chunk_vi, 4)
+            .vectorize(key_in_chunk_vi)
+            .parallel(batch)
+            .parallel(head);
+        block_scores.update(0)
+            .reorder(key_in_block$x, key_in_block$y, query_in_block, key_block, batch, query_block, head)
+            .split(key_in_block$x, key_in_block$x_vo, key_in_block$x_vi, 4)
+            .vectorize(key_in_block$x_vi)
+            .parallel(head);
+    }
+    {
+        Var query_in_block = block_sum.args()[0];
+        Var head = block_sum.args()[3];
+        Var batch = block_sum.args()[4];
+        block_sum
+            .compute_root()
+            .split(query_in_block, query_in_block_vo, query_in_block_vi, 4)
+            .vectorize(query_in_block_vi)
+            .parallel(batch)
+            .parallel(head);
+        block_sum.update(0)
+            .split(query_in_block, query_in_block_vo, query_in_block_vi, 4, TailStrategy::GuardWithIf)
+            .vectorize(query_in_block_vi)
+            .parallel(batch)
+            .parallel(head);
+    }
+    {
+        Var head_dim = ctx.args()[0];
+        Var head = ctx.args()[1];
+        Var query = ctx.args()[2];
+        Var batch = ctx.args()[3];
+        ctx
+            .compute_root()
+            .reorder(head_dim, query, head, batch)
+            .reorder(head_dim, query, batch, head)
+            .split(head_dim, head_dim_vo, head_dim_vi, 4)
+            .vectorize(head_dim_vi)
+            .parallel(head);
     }
     {
         Var hidden = dense.args()[0];
@@ -104,27 +198,46 @@ inline void apply_schedule_attn_self_attention_mullapudi2016_sse41(
             .parallel(seq);
     }
     {
-        Var key = dot.args()[0];
+        Var key_in_chunk = dot.args()[0];
+        Var query_block = dot.args()[3];
         RVar e$x(dot.update(0).get_schedule().rvars()[0].var);
         dot
-            .compute_at(scores, key_o)
-            .split(key, key_vo, key_vi, 4)
-            .vectorize(key_vi);
+            .compute_at(block_scores, query_block)
+            .split(key_in_chunk, key_in_chunk_vo, key_in_chunk_vi, 4)
+            .vectorize(key_in_chunk_vi);
         dot.update(0)
-            .reorder(key, e$x, query, head, batch)
-            .split(key, key_vo, key_vi, 4, TailStrategy::GuardWithIf)
-            .vectorize(key_vi);
+            .reorder(e$x, key_in_chunk, key_chunk, query_in_block, head, query_block, key_block, batch)
+            .split(key_in_chunk, key_in_chunk_vo, key_in_chunk_vi, 4, TailStrategy::GuardWithIf)
+            .vectorize(key_in_chunk_vi);
     }
     {
-        Var key = exp_scores.args()[0];
-        Var head = exp_scores.args()[2];
-        Var batch = exp_scores.args()[3];
-        exp_scores
+        Var hidden = k.args()[0];
+        Var seq = k.args()[1];
+        Var batch = k.args()[2];
+        RVar k_row$x(k.update(0).get_schedule().rvars()[0].var);
+        k
             .compute_root()
-            .split(key, key_vo, key_vi, 4)
-            .vectorize(key_vi)
+            .split(hidden, hidden_vo, hidden_vi, 4)
+            .vectorize(hidden_vi)
             .parallel(batch)
-            .parallel(head);
+            .parallel(seq);
+        k.update(0)
+            .reorder(hidden, k_row$x, batch)
+            .reorder(batch, hidden, k_row$x)
+            .split(hidden, hidden_vo, hidden_vi, 4, TailStrategy::GuardWithIf)
+            .vectorize(hidden_vi)
+            .parallel(k_row$x);
+    }
+    {
+        Var head_dim = k_heads.args()[0];
+        Var seq = k_heads.args()[2];
+        Var batch = k_heads.args()[3];
+        k_heads
+            .compute_root()
+            .split(head_dim, head_dim_vo, head_dim_vi, 4)
+            .vectorize(head_dim_vi)
+            .parallel(batch)
+            .parallel(seq);
     }
     {
         Var hidden = k_product.args()[0];
@@ -155,28 +268,12 @@ inline void apply_schedule_attn_self_attention_mullapudi2016_sse41(
             .vectorize(in_feature_vi);
     }
     {
-        Var key = keep.args()[0];
-        Var head = keep.args()[2];
-        Var batch = keep.args()[3];
-        keep
+        Var batch = key_end.args()[0];
+        key_end
             .compute_root()
-            .split(key, key_vo, key_vi, 16)
-            .vectorize(key_vi)
-            .parallel(batch)
-            .parallel(head);
-    }
-    {
-        Var key = key_transposed.args()[0];
-        Var head_dim = key_transposed.args()[1];
-        Var head = key_transposed.args()[2];
-        Var batch = key_transposed.args()[3];
-        key_transposed
-            .compute_root()
-            .reorder(head_dim, key, head, batch)
-            .reorder(batch, head_dim, key, head)
-            .split(head_dim, head_dim_vo, head_dim_vi, 4)
-            .vectorize(head_dim_vi)
-            .parallel(head);
+            .parallel(batch);
+        key_end.update(0)
+            .parallel(batch);
     }
     {
         Var seq = mean.args()[0];
@@ -187,14 +284,6 @@ inline void apply_schedule_attn_self_attention_mullapudi2016_sse41(
             .vectorize(seq_vi)
             .parallel(batch)
             .parallel(seq_vo);
-    }
-    {
-        Var key = probs.args()[0];
-        Var head = probs.args()[2];
-        probs
-            .compute_at(ctx_sum, head)
-            .split(key, key_vo, key_vi, 4)
-            .vectorize(key_vi);
     }
     {
         Var hidden = projection.args()[0];
@@ -256,49 +345,17 @@ inline void apply_schedule_attn_self_attention_mullapudi2016_sse41(
             .vectorize(in_feature_vi);
     }
     {
-        Var query = row_max.args()[0];
-        Var head = row_max.args()[1];
-        Var batch = row_max.args()[2];
-        row_max
-            .compute_root()
-            .split(query, query_vo, query_vi, 4)
-            .vectorize(query_vi)
-            .parallel(batch)
-            .parallel(head);
-        row_max.update(0)
-            .split(query, query_vo, query_vi, 4, TailStrategy::GuardWithIf)
-            .vectorize(query_vi)
-            .parallel(batch)
-            .parallel(head);
-    }
-    {
-        Var query = row_sum.args()[0];
-        Var head = row_sum.args()[1];
-        Var batch = row_sum.args()[2];
-        row_sum
-            .compute_root()
-            .split(query, query_vo, query_vi, 4)
-            .vectorize(query_vi)
-            .parallel(batch)
-            .parallel(head);
-        row_sum.update(0)
-            .split(query, query_vo, query_vi, 4, TailStrategy::GuardWithIf)
-            .vectorize(query_vi)
-            .parallel(batch)
-            .parallel(head);
-    }
-    {
-        Var key = scores.args()[0];
-        Var query = scores.args()[1];
-        Var head = scores.args()[2];
-        Var batch = scores.args()[3];
-        scores
-            .compute_root()
-            .split(key, key_o, key_i, 64)
-            .reorder(key_i, batch, key_o, query, head)
-            .split(key_i, key_i_vo, key_i_vi, 4)
-            .vectorize(key_i_vi)
-            .parallel(head);
+        Var head_dim = running.args()[0];
+        Var head = running.args()[3];
+        RVar key_blocks$x(running.update(0).get_schedule().rvars()[0].var);
+        running
+            .compute_at(ctx, head)
+            .split(head_dim, head_dim_vo, head_dim_vi, 12)
+            .vectorize(head_dim_vi);
+        running.update(0)
+            .reorder(head_dim, query_in_block, key_blocks$x, query_block, head, batch)
+            .split(head_dim, head_dim_vo, head_dim_vi, 12, TailStrategy::GuardWithIf)
+            .vectorize(head_dim_vi);
     }
     {
         Var seq = sum.args()[0];
@@ -331,14 +388,32 @@ inline void apply_schedule_attn_self_attention_mullapudi2016_sse41(
             .parallel(seq_vo);
     }
     {
+        Var hidden = v.args()[0];
+        Var seq = v.args()[1];
+        Var batch = v.args()[2];
+        RVar v_row$x(v.update(0).get_schedule().rvars()[0].var);
+        v
+            .compute_root()
+            .split(hidden, hidden_vo, hidden_vi, 4)
+            .vectorize(hidden_vi)
+            .parallel(batch)
+            .parallel(seq);
+        v.update(0)
+            .reorder(hidden, v_row$x, batch)
+            .reorder(batch, hidden, v_row$x)
+            .split(hidden, hidden_vo, hidden_vi, 4, TailStrategy::GuardWithIf)
+            .vectorize(hidden_vi)
+            .parallel(v_row$x);
+    }
+    {
         Var head_dim = v_heads.args()[0];
-        Var head = v_heads.args()[1];
         Var seq = v_heads.args()[2];
+        Var batch = v_heads.args()[3];
         v_heads
             .compute_root()
-            .reorder(batch, head_dim, head, seq)
             .split(head_dim, head_dim_vo, head_dim_vi, 4)
             .vectorize(head_dim_vi)
+            .parallel(batch)
             .parallel(seq);
     }
     {
