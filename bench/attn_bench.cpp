@@ -275,7 +275,13 @@ Prepared stage(const std::string &name, const VariantInfo &variant, const Listed
     s->out_view = s->place.out(s->out, scores_out ? sc : bsh);
     if (name == "qkv_projection") s->k_view = s->place.out(s->k, bsh), s->v_view = s->place.out(s->v, bsh);
     const Config c = p.config();
-    const LayerWeights w = f.data.weights();
+    // The weights where the variant reads them: a GPU user's stay on the device.
+    const Shape square{p.hidden, p.hidden}, vec{p.hidden};
+    const LayerWeights w{s->place.in(f.data.w_q, square), s->place.in(f.data.b_q, vec),
+                         s->place.in(f.data.w_k, square), s->place.in(f.data.b_k, vec),
+                         s->place.in(f.data.w_v, square), s->place.in(f.data.b_v, vec),
+                         s->place.in(f.data.w_o, square), s->place.in(f.data.b_o, vec),
+                         s->place.in(f.data.gamma, vec),  s->place.in(f.data.beta, vec)};
     prepared.run = [s, name, c, w, &variant] {
         if (name == "qkv_projection") {
             stages::qkv_projection(variant, c, s->x_in, s->x_in, w, s->out_view, s->k_view, s->v_view);

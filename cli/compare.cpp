@@ -134,7 +134,7 @@ int compare_variants(const BenchOptions &options) {
     std::printf("\nTimes are medians over the rounds; spread is (max - min) / median. \"vs best\" is time / the\n"
                 "fastest CPU variant's time, taken round by round: the median, and in brackets an interval\n"
                 "holding the median with at least 90%% confidence. GPU variants are given host memory here, so\n"
-                "their times include the copies to and from the device (tools/bench_gpu.sh times them on\n"
+                "their times include the copies to and from the device (tools/gpu_machine.sh bench times them on\n"
                 "device memory); OpenCL variants run on this machine's OpenCL, which may be a CPU (PoCL).\n");
     std::printf("\nselected on this machine: %s\n", select_variant().name.c_str());
     return all_ok ? 0 : 1;

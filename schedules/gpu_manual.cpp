@@ -62,14 +62,11 @@ struct Gemm {
 // whose update reduces over `k` and then `outer_k` (e.g. the heads of a head-view
 // input). `blocks` are the out's remaining dimensions, fused into the third block
 // index. An operand with an undefined Func is left to the caller to schedule.
-// `row` is the out's loop over rows: a pure Var, or the RVar of an update that computes
-// only some rows (attn_gen::Linear::row); the tiles are then the update's.
-Gemm gpu_gemm(Func out, Func product, const Var &col, VarOrRVar row, const std::vector<Var> &blocks, RVar k,
+Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std::vector<Var> &blocks, RVar k,
               const std::vector<RVar> &outer_k, Operand a, Operand b, const GemmTile &t = kGemm) {
-    Var co{"co"}, ci{"ci"}, lane{"lane"}, cu{"cu"};
-    VarOrRVar ro("ro", row.is_rvar), ri("ri", row.is_rvar), rt("rt", row.is_rvar), ru("ru", row.is_rvar);
+    Var co{"co"}, ci{"ci"}, lane{"lane"}, cu{"cu"}, ro{"ro"}, ri{"ri"}, rt{"rt"}, ru{"ru"};
     out.compute_root();
-    Stage stage = out.has_update_definition() ? Stage(out.update()) : Stage(out);
+    Stage stage(out);
     stage.split(col, co, ci, t.cols(), kGuard)
         .split(row, ro, ri, t.rows(), kGuard)
         .split(ci, lane, cu, t.cols_per_thread)
@@ -96,8 +93,7 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, VarOrRVar row, const std::
     for (std::size_t n = 0; n < outer_k.size(); ++n) preserved.push_back({outer_k[n], Var("outer_k" + std::to_string(n))});
     Func thread_tile = product.update().split(k, ko, ki, t.k_chunk, kGuard).rfactor(preserved);
 
-    // The product's own row: `row`, or for an update's RVar the product's seq (its second argument).
-    const Var product_row = row.is_rvar ? product.args()[1] : row.var;
+    const Var &product_row = row;
     Var prt{"rt"}, pru{"ru"};
     product.compute_at(out, co)
         .bound_extent(col, t.cols())
@@ -126,6 +122,57 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, VarOrRVar row, const std::
     if (a.func.defined()) stage_in_shared(a.func.in(thread_tile), a.contiguous_arg, a.other_arg, chunk);
     if (b.func.defined()) stage_in_shared(b.func.in(thread_tile), b.contiguous_arg, b.other_arg, chunk);
     return {LoopLevel(out, co), chunk};
+}
+
+// A projection out(col, row, batch) = f(product(col, row, batch)), product reducing
+// Σ_k A(k, row, batch) · W_t(col, k) over `k` (innermost first), the way Halide's
+// apps/cuda_mat_mul multiplies on a GPU: no shared memory and no synchronization. Each
+// thread accumulates a kVector (columns, one float4) × kThreadRows (rows) tile in
+// registers; per step of k it loads W_t's row as one float4 and kThreadRows input values,
+// which the threads of a warp on the same rows share (broadcast loads from L1). W_t, the
+// weight with output features innermost, is transposed once per call (W is stored with
+// input features innermost). A block is one warp: 16 threads along columns by 2 along rows.
+struct ProjectionTile {
+    static constexpr int kVector = 4;
+    static constexpr int kThreadRows = 2;
+    static constexpr int kColThreads = 16;
+    static constexpr int kRowThreadsPerBlock = 8;
+    static constexpr int kUnrollK = 8;
+};
+void gpu_projection(Func out, Func product, Func weight_t, const Var &col, VarOrRVar row, const Var &batch,
+                    const std::vector<RVar> &k) {
+    using T = ProjectionTile;
+    // W_t(col, k) = W(k, col), lanes along k: the reads coalesce, and the strided writes
+    // meet in L2 (a weight is 2.25 MiB at H = 768) before they reach memory.
+    {
+        const std::vector<Var> a = weight_t.args();
+        Var ko{"ko"}, to{"to"}, ki{"ki"}, ti{"ti"};
+        weight_t.compute_root().gpu_tile(a[1], a[0], ko, to, ki, ti, kLanes, kRowThreads, kGuard);
+    }
+    Var co{"co"}, ci{"ci"}, ct{"ct"}, cv{"cv"};
+    VarOrRVar ro("ro", row.is_rvar), ri("ri", row.is_rvar), rt("rt", row.is_rvar), ru("ru", row.is_rvar);
+    out.compute_root();
+    Stage stage = out.has_update_definition() ? Stage(out.update()) : Stage(out);
+    stage.split(col, co, ci, T::kVector * T::kColThreads, kGuard)
+        .split(row, ro, ri, T::kThreadRows * T::kRowThreadsPerBlock, kGuard)
+        .split(ci, ct, cv, T::kVector)
+        .split(ri, rt, ru, T::kThreadRows)
+        .reorder(cv, ru, ct, rt, co, ro, batch)
+        .gpu_blocks(co, ro, batch)
+        .gpu_threads(ct, rt)
+        .unroll(cv)  // not vectorized: a guarded vector store has no OpenCL C form in Halide 21
+        .unroll(ru);
+    // The product's own row: `row`, or for an update's RVar the product's (its second argument).
+    const Var product_row = row.is_rvar ? product.args()[1] : row.var;
+    product.compute_at(out, ct).store_in(MemoryType::Register).unroll(col).unroll(product_row);
+    std::vector<VarOrRVar> order{col, product_row};
+    RVar k_outer{"k_outer"}, k_inner{"k_inner"};
+    Stage update = product.update();
+    update.split(k.front(), k_outer, k_inner, T::kUnrollK);
+    order.push_back(k_inner);
+    order.push_back(k_outer);
+    order.insert(order.end(), k.begin() + 1, k.end());
+    update.reorder(order).unroll(col).unroll(product_row).unroll(k_inner);
 }
 
 // A reduction over one row (`row` is its first argument), computed at `block` for the
@@ -166,7 +213,7 @@ void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_ge
     // input(k, s, b) and weight_transposed(o, k) = weight(k, o): k is contiguous in both.
     for (attn_gen::Linear l : {q, k, v}) {
         const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(s);
-        gpu_gemm(l.out, l.product, o, rows, {b}, l.k, {}, {l.input, 0, 1}, {l.weight_transposed, 1, 0});
+        gpu_projection(l.out, l.product, l.weight_transposed, o, rows, b, {l.k.x});
     }
 }
 
@@ -200,8 +247,7 @@ void schedule_weighted_sum_gpu(attn_gen::WeightedSum w) {
 // dense = residual + bias + ctx·W_oᵀ as a GEMM, then LayerNorm a block of rows at a time.
 void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm n) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
-    gpu_gemm(n.dense, n.projection, o, s, {b}, n.in_feature.x, {n.in_feature.y}, {n.context_heads, 0, 2},
-             {n.weight_transposed, 1, 0});
+    gpu_projection(n.dense, n.projection, n.weight_transposed, o, s, b, {n.in_feature.x, n.in_feature.y});
     Var so{"so"}, rt{"rt"}, oo{"oo"}, lane{"lane"};
     n.y.compute_root()
         .split(s, so, rt, kRowThreads, kGuard)

@@ -3,6 +3,7 @@
 // results against the reference are checked with every other variant's (test_layer,
 // test_stages, test_properties); here, on the OpenCL variants (PoCL in CI) and, where
 // a CUDA device is present, on the CUDA variants with device memory.
+#include "kernels.h"  // detail::host_to_device_copies
 #include "support/variant_param.h"
 
 #include <HalideBuffer.h>
@@ -29,6 +30,9 @@ std::vector<VariantInfo> gpu_variants(const std::string &device) {
 }
 
 TEST(Gpu, VariantsOfEveryKindAreListedForCudaAndOpenCL) {
+#ifdef ATTN_VARIANT_SUBSET
+    GTEST_SKIP() << "built with ATTN_ONLY_VARIANTS: a subset of the variant list";
+#endif
     for (const std::string device : {"cuda", "opencl"}) {
         std::set<std::string> schedules;
         for (const VariantInfo &v : gpu_variants(device)) schedules.insert(v.schedule);
@@ -103,6 +107,27 @@ TEST(Gpu, RepeatedCallsReuseTheWeightsOnTheDevice) {
     if (!ran) GTEST_SKIP() << "no GPU variant runs here (no CUDA device, no OpenCL device)";
 }
 
+// After the first call, a call uploads only the inputs it was given in host memory: the
+// weights went up with the constructor, and an absent mask's ones and bias's zeros stay
+// on the device (Halide would otherwise copy their broadcast views one row at a time).
+TEST(Gpu, LaterCallsUploadOnlyTheHostInputsGiven) {
+    bool ran = false;
+    for (const VariantInfo &v : variants()) {
+        if (v.device == "cpu" || !v.runnable || v.schedule != "manual") continue;
+        ran = true;
+        Problem p = small_gpu_problem();
+        p.mask = Mask::none;
+        const LayerData data(p);
+        const Attention layer(p.config(), data.weights(), v.name);
+        GuardedOutput y({p.batch, p.s_q, p.hidden});
+        layer.forward(data.inputs(), y.view());
+        const std::size_t before = detail::host_to_device_copies();
+        layer.forward(data.inputs(), y.view());
+        EXPECT_EQ(detail::host_to_device_copies() - before, 1u) << v.name << ": x alone is new";
+    }
+    if (!ran) GTEST_SKIP() << "no GPU variant runs here (no CUDA device, no OpenCL device)";
+}
+
 // CUDA device memory in place: inputs and output on the device, the call queued,
 // synchronize() before reading.
 TEST(Gpu, CudaDeviceMemoryMatchesReference) {
@@ -127,6 +152,10 @@ TEST(Gpu, CudaDeviceMemoryMatchesReference) {
         in.key_padding_mask = device_view<const uint8_t>(mask.raw_buffer()->device, data.mask.size(), {p.batch, p.s_k});
         const auto y_view = device_view<float>(y.raw_buffer()->device, y_host.size(), {p.batch, p.s_q, p.hidden});
         if (!ran_or_refused(v, [&] { layer.forward(in, y_view); })) continue;
+        // Everything is on the device now: a second call copies nothing there.
+        const std::size_t before = detail::host_to_device_copies();
+        layer.forward(in, y_view);
+        EXPECT_EQ(detail::host_to_device_copies(), before) << v.name;
         layer.synchronize();
         y.set_device_dirty(true);
         ASSERT_EQ(y.copy_to_host(), 0);

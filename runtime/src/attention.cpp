@@ -5,8 +5,10 @@
 
 #include <HalideBuffer.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <mutex>
 
 namespace attn {
 
@@ -117,17 +119,60 @@ Halide::Runtime::Buffer<float> head_view(const MutableTensor &t, int64_t heads) 
     return Halide::Runtime::Buffer<float>(t.data, 4, dims);
 }
 
+void check_halide(int status, const std::string &argument, const std::string &what);
+void prepare_halide(const VariantInfo &variant);
+
+// The host-to-device copies this process has asked Halide for (detail::host_to_device_copies).
+std::atomic<std::size_t> uploads{0};
+
+// An absent mask (ones) or bias (zeros): one row of S_k values broadcast over the other
+// dimensions by stride 0. For a GPU variant (`gpu` not null) the row goes to the device
+// as one copy and the view shares that allocation: Halide 21 copies a host buffer one
+// contiguous run at a time, so a broadcast view marked for upload would cost
+// B·heads·S_q copies of the same row per call. `cache`, when given, keeps the row on
+// the device for the next call (an Attention's DeviceWeights).
+template <typename T>
+struct RowCache {
+    std::mutex mutex;
+    Halide::Runtime::Buffer<T> row;
+};
+template <typename T>
+Halide::Runtime::Buffer<const T> broadcast_row(int32_t s_k, T value, std::initializer_list<int32_t> extents,
+                                               const halide_device_interface_t *gpu, RowCache<T> *cache) {
+    Halide::Runtime::Buffer<T> row;
+    {
+        std::unique_lock<std::mutex> lock;
+        if (cache) lock = std::unique_lock<std::mutex>(cache->mutex), row = cache->row;
+        if (!row.data() || row.dim(0).extent() < s_k) {
+            row = Halide::Runtime::Buffer<T>(s_k);
+            row.fill(value);
+            if (gpu) {
+                check_halide(row.copy_to_device(gpu), "halide", "copying an absent input's constant row to the device");
+                ++uploads;
+            }
+            if (cache) cache->row = row;
+        }
+    }
+    Halide::Runtime::Buffer<const T> view = row;  // shares the host and device allocations
+    view.raw_buffer()->dim[0].extent = s_k;       // a longer cached row serves too
+    for (int32_t extent : extents) {
+        view.add_dimension_with_stride(0);
+        view.raw_buffer()->dim[view.dimensions() - 1].extent = extent;
+    }
+    return view;
+}
+
 // The key padding mask as (key, batch); all ones when absent (batch stride 0).
 struct MaskArgument {
-    std::vector<uint8_t> ones;
     Halide::Runtime::Buffer<const uint8_t> buffer;
     Memory memory = Memory::host;
+    bool placed = false;  // already where the variant reads it (an absent mask's ones)
 };
-void make_mask(MaskArgument &m, const MaskTensor &mask, int64_t batch, int64_t s_k) {
+void make_mask(MaskArgument &m, const MaskTensor &mask, int64_t batch, int64_t s_k,
+               const halide_device_interface_t *gpu, RowCache<uint8_t> *ones = nullptr) {
     if (mask.empty()) {
-        m.ones.assign(std::size_t(s_k), 1);
-        halide_dimension_t dims[2] = {{0, int32_t(s_k), 1}, {0, int32_t(batch), 0}};
-        m.buffer = Halide::Runtime::Buffer<const uint8_t>(m.ones.data(), 2, dims);
+        m.buffer = broadcast_row<uint8_t>(int32_t(s_k), 1, {int32_t(batch)}, gpu, ones);
+        m.placed = true;
         return;
     }
     check_tensor("key_padding_mask", mask, {batch, s_k}, "[B, S_k]");
@@ -138,16 +183,16 @@ void make_mask(MaskArgument &m, const MaskTensor &mask, int64_t batch, int64_t s
 // The additive bias as (key, query, head, batch), broadcast over batch or heads by
 // stride 0; zeros when absent.
 struct BiasArgument {
-    std::vector<float> zeros;
     Halide::Runtime::Buffer<const float> buffer;
     Memory memory = Memory::host;
+    bool placed = false;  // already where the variant reads it (an absent bias's zeros)
 };
-void make_bias(BiasArgument &b, const ConstTensor &bias, int64_t batch, int64_t heads, int64_t s_q, int64_t s_k) {
+void make_bias(BiasArgument &b, const ConstTensor &bias, int64_t batch, int64_t heads, int64_t s_q, int64_t s_k,
+               const halide_device_interface_t *gpu, RowCache<float> *zeros = nullptr) {
     const int32_t sk = int32_t(s_k), sq = int32_t(s_q), h = int32_t(heads), bt = int32_t(batch);
     if (bias.empty()) {
-        b.zeros.assign(std::size_t(s_k), 0.0f);
-        halide_dimension_t dims[4] = {{0, sk, 1}, {0, sq, 0}, {0, h, 0}, {0, bt, 0}};
-        b.buffer = Halide::Runtime::Buffer<const float>(b.zeros.data(), 4, dims);
+        b.buffer = broadcast_row<float>(sk, 0.0f, {sq, h, bt}, gpu, zeros);
+        b.placed = true;
         return;
     }
     const char *layout = "[B or 1, heads or 1, S_q, S_k]";
@@ -200,7 +245,7 @@ public:
     template <typename T>
     halide_buffer_t *input(const char *name, Halide::Runtime::Buffer<T> &buffer, Memory memory) {
         place(name, buffer, memory);
-        if (gpu_ && memory == Memory::host) buffer.set_host_dirty();
+        if (gpu_ && memory == Memory::host) buffer.set_host_dirty(), ++uploads;
         return buffer.raw_buffer();
     }
     template <typename T>
@@ -244,6 +289,12 @@ void run_pipeline(const std::string &pipeline, const VariantInfo &variant, Call 
     buffers.copy_outputs_to_host();
 }
 
+// A mask or bias argument: an absent one's constants are already placed (broadcast_row).
+template <typename Argument>
+halide_buffer_t *placed_or_input(CallBuffers &c, const char *name, Argument &a) {
+    return a.placed ? a.buffer.raw_buffer() : c.input(name, a.buffer, a.memory);
+}
+
 // The weights as Halide buffers.
 struct WeightViews {
     Halide::Runtime::Buffer<const float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
@@ -260,13 +311,18 @@ namespace detail {
 // wrapped in place (device memory); forward() passes them as they are.
 struct DeviceWeights {
     WeightViews views;
+    RowCache<uint8_t> ones;  // an absent mask's, for the next call
+    RowCache<float> zeros;   // an absent bias's
     DeviceWeights(const LayerWeights &weights, const VariantInfo &variant) : views(weights) {
         prepare_halide(variant);
         CallBuffers place(variant);
         const halide_device_interface_t *gpu = device_interface(variant.device);
         auto upload = [&](const char *name, Halide::Runtime::Buffer<const float> &b, const ConstTensor &t) {
             place.input(name, b, t.memory);
-            if (t.memory == Memory::host) check_halide(b.copy_to_device(gpu), name, "copying the weight to the device");
+            if (t.memory == Memory::host) {
+                check_halide(b.copy_to_device(gpu), name, "copying the weight to the device");
+                ++uploads;
+            }
         };
         upload("w_q", views.w_q, weights.w_q);
         upload("w_k", views.w_k, weights.w_k);
@@ -281,6 +337,8 @@ struct DeviceWeights {
     }
 };
 }  // namespace detail
+
+std::size_t detail::host_to_device_copies() { return uploads.load(); }
 
 void synchronize(const VariantInfo &variant) {
     const halide_device_interface_t *gpu = detail::device_interface(variant.device);
@@ -323,10 +381,12 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     }
     if (want_probs && overlaps(y, probs)) throw Error("probs", "must not overlap y");
 
+    prepare_halide(*variant_);
+    const halide_device_interface_t *gpu = detail::device_interface(variant_->device);
     MaskArgument mask;
-    make_mask(mask, in.key_padding_mask, batch, s_k);
+    make_mask(mask, in.key_padding_mask, batch, s_k, gpu, device_weights_ ? &device_weights_->ones : nullptr);
     BiasArgument bias;
-    make_bias(bias, in.bias, batch, heads, s_q, s_k);
+    make_bias(bias, in.bias, batch, heads, s_q, s_k, gpu, device_weights_ ? &device_weights_->zeros : nullptr);
     std::unique_ptr<WeightViews> host_weights;
     WeightViews &w = device_weights_ ? device_weights_->views : *(host_weights = std::make_unique<WeightViews>(weights_));
     auto x = halide_view(in.x);
@@ -347,7 +407,7 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
                       weight("b_q", w.b_q, weights_.b_q), weight("b_k", w.b_k, weights_.b_k),
                       weight("b_v", w.b_v, weights_.b_v), weight("b_o", w.b_o, weights_.b_o),
                       weight("gamma", w.gamma, weights_.gamma), weight("beta", w.beta, weights_.beta),
-                      c.input("key_padding_mask", mask.buffer, mask.memory), c.input("bias", bias.buffer, bias.memory)};
+                      placed_or_input(c, "key_padding_mask", mask), placed_or_input(c, "bias", bias)};
     };
     if (!cross && !want_probs) {
         run_pipeline("self_attention", *variant_, [&](CallBuffers &c) {
@@ -425,13 +485,14 @@ void attention_scores(const VariantInfo &variant, const Config &config, ConstTen
     const int64_t s_k = check_rank("k", k, 3, "[B, S_k, H]")[1];
     check_tensor("k", k, {qs[0], s_k, hidden}, "[B, S_k, H]");
     check_tensor("scores", scores, {qs[0], heads, qs[1], s_k}, "[B, heads, S_q, S_k]");
+    prepare_halide(variant);
     BiasArgument b;
-    make_bias(b, bias, qs[0], heads, qs[1], s_k);
+    make_bias(b, bias, qs[0], heads, qs[1], s_k, detail::device_interface(variant.device));
     auto q_buf = halide_view(q), k_buf = halide_view(k);
     auto s_buf = halide_view(scores);
     run_pipeline("attention_scores", variant, [&](CallBuffers &c) {
         return kernels.attention_scores(c.input("q", q_buf, q.memory), c.input("k", k_buf, k.memory),
-                                        c.input("bias", b.buffer, b.memory), int32_t(heads),
+                                        placed_or_input(c, "bias", b), int32_t(heads),
                                         c.output("scores", s_buf, scores.memory));
     });
 }
@@ -444,13 +505,14 @@ void masked_softmax(const VariantInfo &variant, const Config &config, ConstTenso
     const Shape &s = check_rank("scores", scores, 4, layout);
     check_tensor("scores", scores, {s[0], config.num_heads, s[2], s[3]}, layout);
     check_tensor("probs", probs, s, layout);
+    prepare_halide(variant);
     MaskArgument mask;
-    make_mask(mask, key_padding_mask, s[0], s[3]);
+    make_mask(mask, key_padding_mask, s[0], s[3], detail::device_interface(variant.device));
     auto s_buf = halide_view(scores);
     auto p_buf = halide_view(probs);
     run_pipeline("masked_softmax", variant, [&](CallBuffers &c) {
         return kernels.masked_softmax(c.input("scores", s_buf, scores.memory),
-                                      c.input("key_padding_mask", mask.buffer, mask.memory), config.causal,
+                                      placed_or_input(c, "key_padding_mask", mask), config.causal,
                                       c.output("probs", p_buf, probs.memory));
     });
 }

@@ -46,7 +46,10 @@ bool load(void *library, const char *name, F &function) {
 const CudaDriver &cuda_driver() {
     static const CudaDriver driver = [] {
         CudaDriver d;
-        void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        // RTLD_GLOBAL: Halide's CUDA runtime first looks its driver symbols up in the
+        // whole process and otherwise opens "libcuda.so", which machines with only the
+        // driver (no toolkit) lack; loaded globally here, the lookup finds this copy.
+        void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
         if (!library) {
             d.unavailable = "no CUDA driver (libcuda.so.1 cannot be loaded)";
             return d;

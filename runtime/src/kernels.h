@@ -49,6 +49,10 @@ bool cpu_supports(const std::string &isa, std::string *missing);
 // Whether `device` ("cpu", "cuda", "opencl") can run here: for a GPU, its driver loads
 // and reports a device; `why` says what is missing.
 bool device_available(const std::string &device, std::string *why);
+// How many host-to-device copies this process's calls have asked Halide for (inputs in
+// host memory, the weights, absent inputs' constants), for tests.
+std::size_t host_to_device_copies();
+
 // The Halide device interface of a GPU device; null for "cpu".
 const halide_device_interface_t *device_interface(const std::string &device);
 

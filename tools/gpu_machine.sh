@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The GPU machine's script: tests and comparison of the CUDA variants on an NVIDIA GPU,
+# and of the AVX-512 variants on that machine's CPU when it has AVX-512.
+#
+# That machine has the CUDA driver and PyTorch but no Halide, no toolchain of ours and no
+# network, and a command there may run 10 minutes at most. So the build is made here and
+# carried, and the work is split into steps that each fit:
+#
+#   tools/gpu_machine.sh pack          here: builds build/gpu (CUDA, AVX-512 and the AVX2
+#                                      variants they are compared with) and packs the
+#                                      stripped test and benchmark programs with the shared
+#                                      libraries they need into build/gpu-carry.tar.xz
+#                                      (about 10 MiB: carry it; the steps below unpack it)
+#   tools/gpu_machine.sh machine       there: the GPU, its driver and the host CPU
+#   tools/gpu_machine.sh test [SCOPE]  there: every CUDA variant against the reference
+#                                      (GPU runtime tests, device memory, long context;
+#                                      SCOPE cuda), every AVX-512 variant if the CPU has
+#                                      AVX-512 (SCOPE avx512), or both (all, the default)
+#   tools/gpu_machine.sh bench PART    there: the interleaved comparison, PART one of
+#                                      layer-short (fused layer, S <= 512), layer-long
+#                                      (S >= 2048), stages (each stage alone), cpu (the
+#                                      AVX-512 variants beside AVX2 and the CPU peers)
+#
+# Results go to bench/results/gpu/ (or --out DIR, given first): machine.txt, test logs,
+# and each part's comparison.{json,md}.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out=bench/results/gpu
+if [[ "${1:-}" == "--out" ]]; then out="$2"; shift 2; fi
+step="${1:-}"
+shift || true
+carry=build/gpu-carry
+mkdir -p "$out"
+
+# The variants built for that machine: the CUDA ones, the AVX-512 ones and the AVX2 ones
+# they are ranked against.
+variants='^(manual|autotuned)_avx2$|_avx512_|_cuda$'
+
+has_avx512() { grep -qw avx512f /proc/cpuinfo; }
+
+# There: the carried archive, unpacked once.
+if [[ "$step" != pack && ! -d "$carry" && -f build/gpu-carry.tar.xz ]]; then
+  tar -C build -xJf build/gpu-carry.tar.xz
+fi
+
+case "$step" in
+pack)
+  source tools/setup.sh
+  cmake --preset release -B build/gpu -DATTN_ONLY_VARIANTS="$variants" >/dev/null
+  cmake --build build/gpu --target attn_tests attn_bench
+  rm -rf "$carry" && mkdir -p "$carry/lib"
+  for program in tests/attn_tests bench/attn_bench; do
+    strip -o "$carry/$(basename "$program")" "build/gpu/$program"
+  done
+  # The shared libraries that an image with only the CUDA driver and PyTorch may lack:
+  # every one the programs need outside glibc, the C++ runtime and the loader.
+  ldd "$carry/attn_tests" "$carry/attn_bench" | awk '/=> \//{print $3}' | sort -u |
+    grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
+    while read -r library; do cp -L "$library" "$carry/lib/"; done
+  tar -C build -cf - gpu-carry | xz -T0 -6 > build/gpu-carry.tar.xz
+  du -h build/gpu-carry.tar.xz
+  exit
+  ;;
+machine)
+  {
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader |
+      sed 's/^/gpu: /'
+    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) threads"
+    flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep '^avx512' | sort | tr '\n' ' ')
+    echo "avx512: ${flags:-none}"
+    python3 -c 'import torch; print("pytorch:", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || true
+  } | tee "$out/machine.txt"
+  ;;
+test)
+  export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  scope="${1:-all}"
+  shift || true
+  case "$scope" in
+  cuda) filter='*_cuda*:Gpu.*' ;;
+  avx512) has_avx512 || { echo "test: this CPU has no AVX-512; its variants cannot run" >&2; exit 1; }
+          filter='*avx512*' ;;
+  all) filter='*_cuda*:Gpu.*'
+       if has_avx512; then filter+=':*avx512*'; else echo "test: this CPU has no AVX-512; its variants are left out"; fi ;;
+  *) echo "usage: tools/gpu_machine.sh [--out DIR] test [cuda|avx512|all] [gtest options]" >&2; exit 2 ;;
+  esac
+  "$carry/attn_tests" --gtest_filter="$filter" --gtest_brief=1 "$@" > "$out/tests-$scope.log" 2>&1 &&
+    status=0 || status=$?
+  tail -30 "$out/tests-$scope.log"
+  exit "$status"
+  ;;
+bench)
+  export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  part="${1:-}"
+  shift || true
+  compare=(python3 bench/compare.py --bench "$carry/attn_bench" --out "$out/$part" --no-chart)
+  long='_s(2048|4096|8192)_'
+  case "$part" in
+  layer-short) "${compare[@]}" --device cuda --filter "^self_attention/" --exclude "$long" "$@" ;;
+  layer-long) "${compare[@]}" --device cuda --filter "^self_attention/.*$long" "$@" ;;
+  stages) "${compare[@]}" --device cuda --exclude "^self_attention/" "$@" ;;
+  cpu)
+    has_avx512 || { echo "bench cpu: this CPU has no AVX-512" >&2; exit 1; }
+    "${compare[@]}" --device cpu --filter "^self_attention/" --exclude "$long|/(mullapudi2016|adams2019|li2018)_" "$@"
+    ;;
+  *) echo "usage: tools/gpu_machine.sh [--out DIR] bench layer-short|layer-long|stages|cpu [compare.py options]" >&2
+     exit 2 ;;
+  esac
+  ;;
+*)
+  echo "usage: tools/gpu_machine.sh [--out DIR] pack|machine|test|bench PART" >&2
+  exit 2
+  ;;
+esac
