@@ -1,10 +1,11 @@
 // Properties that hold whatever the numerics: probability rows sum to 1 (0 when fully
 // masked), the same input gives the same output, causal outputs ignore future tokens,
-// real tokens ignore padded content.
+// real tokens ignore padded content, threads sharing one Attention get what one thread gets.
 #include "support/variant_param.h"
 
 #include <cmath>
 #include <optional>
+#include <thread>
 
 namespace attn::testing {
 namespace {
@@ -130,6 +131,43 @@ TEST_P(PropertyTest, NaNInInputPropagatesWithoutCrashing) {
     const auto y = run_layer(GetParam(), data);
     if (!y) return;
     EXPECT_TRUE(std::isnan((*y)[3 * 64])) << "the row holding the NaN must be NaN";
+}
+
+// Eight threads share one Attention, each calling forward on its own input a few
+// times: every result is bit for bit the single-threaded call's on that input. (The
+// CPU variants; the GPU ones are not checked for this.)
+TEST_P(PropertyTest, EightThreadsSharingOneAttentionGetTheSingleThreadedResult) {
+    ATTN_SKIP_IF_NOT_RUNNABLE(GetParam());
+    if (GetParam().device != "cpu") GTEST_SKIP() << "concurrency is checked on the CPU variants only";
+    Problem p;  // BERT-base width: a shape every autoscheduled variant runs
+    p.batch = 2, p.s_q = p.s_k = 128, p.hidden = 768, p.heads = 12, p.mask = Mask::padding;
+    constexpr int kThreads = 8, kCalls = 3;
+    std::vector<LayerData> data;
+    for (int t = 0; t < kThreads; ++t) data.emplace_back(p, uint32_t(100 + t));
+    const Attention layer(p.config(), data[0].weights(), GetParam().name);
+    const Shape y_shape{p.batch, p.s_q, p.hidden};
+    std::vector<std::vector<float>> expected(kThreads, std::vector<float>(std::size_t(p.batch * p.s_q * p.hidden)));
+    for (int t = 0; t < kThreads; ++t) {
+        AttentionInputs in = data[std::size_t(t)].inputs();
+        if (!ran_or_refused(GetParam(), [&] { layer.forward(in, view(expected[std::size_t(t)], y_shape)); })) return;
+    }
+    std::vector<std::string> failures(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            std::vector<float> y(expected[std::size_t(t)].size());
+            try {
+                for (int call = 0; call < kCalls; ++call) {
+                    layer.forward(data[std::size_t(t)].inputs(), view(y, y_shape));
+                    if (y != expected[std::size_t(t)]) failures[std::size_t(t)] += "call " + std::to_string(call) + " differs; ";
+                }
+            } catch (const std::exception &e) {
+                failures[std::size_t(t)] = e.what();
+            }
+        });
+    }
+    for (std::thread &thread : threads) thread.join();
+    for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[std::size_t(t)], "") << "thread " << t;
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, PropertyTest, ::testing::ValuesIn(variants()),
