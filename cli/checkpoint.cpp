@@ -23,15 +23,28 @@ nlohmann::json read_config(const std::string &path) {
     }
 }
 
-// The prefixes "<anything>encoder.layer.<N>." that hold a query weight, by layer.
-std::map<int, std::set<std::string>> layer_prefixes(const SafetensorsFile &file) {
-    static const std::regex query(R"(^(.*encoder\.layer\.(\d+)\.)attention\.self\.query\.weight$)");
-    std::map<int, std::set<std::string>> prefixes;
-    std::smatch m;
+// The attention modules in the file: the prefixes P of the tensors named
+// P + "self.query.weight", where P is "<any>encoder.layer.N.attention." (a model),
+// "layer.N.attention." (an encoder), "attention." (one BertLayer) or "" (one
+// BertAttention), by layer index N; kNoIndex for a module without one.
+constexpr int kNoIndex = -1;
+std::map<int, std::set<std::string>> attention_modules(const SafetensorsFile &file) {
+    static const std::regex query(R"(^((?:.*\.)?attention\.)?self\.query\.weight$)");
+    static const std::regex indexed(R"((?:^|\.)layer\.(\d{1,8})\.attention\.$)");
+    std::map<int, std::set<std::string>> modules;
+    std::smatch m, index;
     for (const auto &[name, array] : file.tensors()) {
-        if (std::regex_match(name, m, query) && m[2].length() < 9) prefixes[std::stoi(m[2])].insert(m[1]);
+        if (!std::regex_match(name, m, query)) continue;
+        const std::string prefix = m[1];
+        modules[std::regex_search(prefix, index, indexed) ? std::stoi(index[1]) : kNoIndex].insert(prefix);
     }
-    return prefixes;
+    return modules;
+}
+
+std::string quoted_list(const std::set<std::string> &names) {
+    std::string list;
+    for (const std::string &n : names) list += (list.empty() ? "'" : ", '") + n + "'";
+    return list;
 }
 
 std::vector<float> load_tensor(const SafetensorsFile &file, const std::string &name, const Shape &shape) {
@@ -61,13 +74,25 @@ LayerWeights CheckpointLayer::weights() const {
     return w;
 }
 
-CheckpointLayer load_bert_layer(const std::string &model_path, int layer, std::optional<int64_t> heads,
+CheckpointLayer load_bert_layer(const std::string &model_path, std::optional<int> layer, std::optional<int64_t> heads,
                                 std::optional<float> eps) {
     CheckpointLayer out;
     std::error_code ec;
     if (fs::is_directory(model_path, ec)) {
-        out.safetensors_path = (fs::path(model_path) / "model.safetensors").string();
+        const fs::path dir(model_path);
+        out.safetensors_path = (dir / "model.safetensors").string();
         if (!fs::exists(out.safetensors_path, ec)) {
+            if (fs::exists(dir / "model.safetensors.index.json", ec)) {
+                throw Error(kModelArg, "directory " + model_path +
+                                           " holds a sharded checkpoint (model.safetensors.index.json): pass the "
+                                           "shard that holds the layer, --model " + model_path +
+                                           "/<shard>.safetensors (the index's weight_map names it)");
+            }
+            if (fs::exists(dir / "pytorch_model.bin", ec)) {
+                throw Error(kModelArg, "directory " + model_path +
+                                           " holds pytorch_model.bin (a PyTorch pickle), which attn does not read; "
+                                           "save the model as safetensors (save_pretrained(dir, safe_serialization=True))");
+            }
             throw Error(kModelArg, "directory " + model_path + " has no model.safetensors");
         }
     } else if (fs::exists(model_path, ec)) {
@@ -79,27 +104,39 @@ CheckpointLayer load_bert_layer(const std::string &model_path, int layer, std::o
     if (fs::exists(config_path, ec)) out.config_path = config_path.string();
 
     const SafetensorsFile file(out.safetensors_path, kModelArg);
-    const auto prefixes = layer_prefixes(file);
-    if (prefixes.empty()) {
+    const auto modules = attention_modules(file);
+    if (modules.empty()) {
         throw Error(kModelArg, out.safetensors_path +
                                    ": no BERT attention layers (no tensor named like "
-                                   "'encoder.layer.N.attention.self.query.weight')");
+                                   "'encoder.layer.N.attention.self.query.weight', 'attention.self.query.weight' "
+                                   "or 'self.query.weight')");
     }
-    const auto found = prefixes.find(layer);
-    if (found == prefixes.end()) {
-        throw Error("--layer", std::to_string(layer) + " is not in the checkpoint, which has layers " +
-                                   std::to_string(prefixes.begin()->first) + " to " +
-                                   std::to_string(prefixes.rbegin()->first));
+    const bool indexed = modules.rbegin()->first != kNoIndex;
+    // Without --layer: layer 0 of a model or encoder, else the one module without an index.
+    const int wanted = layer ? *layer : indexed ? 0 : kNoIndex;
+    const auto found = modules.find(wanted);
+    if (found == modules.end()) {
+        const int first = indexed ? modules.upper_bound(kNoIndex)->first : 0;
+        const std::string range = std::to_string(first) + " to " + std::to_string(modules.rbegin()->first);
+        if (!layer) {
+            throw Error(kModelArg, out.safetensors_path + " has no layer 0 (its layers are " + range +
+                                       "): name one with --layer");
+        }
+        if (!indexed) {
+            throw Error("--layer", std::to_string(wanted) + " given, but " + out.safetensors_path +
+                                       " holds one attention layer without a layer number (" +
+                                       quoted_list(modules.at(kNoIndex)) + "); leave --layer out");
+        }
+        throw Error("--layer", std::to_string(wanted) + " is not in the checkpoint, which has layers " + range);
     }
     if (found->second.size() > 1) {
-        std::string names;
-        for (const std::string &p : found->second) names += (names.empty() ? "'" : ", '") + p + "'";
-        throw Error(kModelArg,
-                    out.safetensors_path + ": layer " + std::to_string(layer) + " is ambiguous, found under " + names);
+        throw Error(kModelArg, out.safetensors_path + ": " +
+                                   (wanted == kNoIndex ? "the attention layer" : "layer " + std::to_string(wanted)) +
+                                   " is ambiguous, found under " + quoted_list(found->second));
     }
     out.prefix = *found->second.begin();
 
-    const std::string self = out.prefix + "attention.self.", output = out.prefix + "attention.output.";
+    const std::string self = out.prefix + "self.", output = out.prefix + "output.";
     const Array &query = file.tensor(self + "query.weight");
     if (query.shape.size() != 2 || query.shape[0] != query.shape[1]) {
         throw Error(kModelArg, out.safetensors_path + ": tensor '" + self + "query.weight' has shape " +

@@ -101,8 +101,9 @@ int run_layer(const RunOptions &options) {
 
     write_npy(options.output, x_array.shape, y, "--output");
     if (!options.probs.empty()) write_npy(options.probs, probs_shape, probs, "--probs");
-    std::printf("%sattention: %s, %lld heads, eps %g%s%s, variant %s: x %s -> %s in %.3f ms\n",
-                checkpoint.prefix.c_str(), checkpoint.safetensors_path.c_str(),
+    std::printf("%s: %s, %lld heads, eps %g%s%s, variant %s: x %s -> %s in %.3f ms\n",
+                checkpoint.prefix.empty() ? "attention" : checkpoint.prefix.substr(0, checkpoint.prefix.size() - 1).c_str(),
+                checkpoint.safetensors_path.c_str(),
                 static_cast<long long>(checkpoint.config.num_heads), double(checkpoint.config.layer_norm_eps),
                 options.causal ? ", causal" : "", options.mask.empty() ? "" : ", key padding mask",
                 layer.variant().name.c_str(), x_array.shape_string().c_str(), options.output.c_str(), ms);

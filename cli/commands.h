@@ -15,7 +15,7 @@ int list_variants(const VariantsOptions &options);
 
 struct RunOptions {
     std::string model, input, mask, variant, output, probs;
-    int layer = 0;
+    std::optional<int> layer;  // default: layer 0, or the checkpoint's only layer
     bool causal = false;
     std::optional<int64_t> heads;
     std::optional<float> eps;

@@ -25,8 +25,9 @@ int main(int argc, char **argv) {
     RunOptions run;
     auto *run_cmd = app.add_subcommand("run", "Run one self-attention layer of a BERT checkpoint on x.npy");
     run_cmd->add_option("--model", run.model, "model.safetensors, or a directory with it and config.json")->required();
-    run_cmd->add_option("--layer", run.layer, "encoder layer N (tensors [<name>.]encoder.layer.N.*)")
-        ->capture_default_str()
+    run_cmd->add_option("--layer", run.layer,
+                        "encoder layer N (tensors [<name>.]encoder.layer.N.*; default 0); leave out for a checkpoint "
+                        "of one layer")
         ->check(CLI::NonNegativeNumber);
     run_cmd->add_option("--input", run.input, "x: float32 [batch, seq, hidden] .npy")->required();
     run_cmd->add_option("--mask", run.mask, "key padding mask [batch, seq] .npy of 0/1 (bool, integer or float)");

@@ -265,7 +265,7 @@ TEST_F(CliTest, CheckpointLayerFoundUnderAnyLeadingNameWithConfigFromConfigJson)
     const TinyBert bert("bert.");
     bert.write(path("model"));
     const CheckpointLayer layer = load_bert_layer(path("model"), 1, std::nullopt, std::nullopt);
-    EXPECT_EQ(layer.prefix, "bert.encoder.layer.1.");
+    EXPECT_EQ(layer.prefix, "bert.encoder.layer.1.attention.");
     EXPECT_EQ(layer.config.hidden_size, 8);
     EXPECT_EQ(layer.config.num_heads, 2);
     EXPECT_FLOAT_EQ(layer.config.layer_norm_eps, 1e-5f);
@@ -292,10 +292,53 @@ TEST_F(CliTest, CheckpointWithoutLeadingNameOldLayerNormNamesAndHalfPrecision) {
         bert.tensors["encoder.layer.0.attention.self.query.weight"].bytes += std::string("\x00\x3e", 2);
     bert.write(path("model"), "");
     const CheckpointLayer layer = load_bert_layer(path("model"), 0, 2, std::nullopt);
-    EXPECT_EQ(layer.prefix, "encoder.layer.0.");
+    EXPECT_EQ(layer.prefix, "encoder.layer.0.attention.");
     EXPECT_EQ(layer.gamma, bert.values.at("encoder.layer.0.attention.output.LayerNorm.weight"));
     EXPECT_EQ(layer.w_q, std::vector<float>(64, 1.5f));
     EXPECT_FLOAT_EQ(layer.config.layer_norm_eps, 1e-12f);  // BERT's default without config.json
+}
+
+// What else a Hugging Face export hands `attn run`: one BertLayer's or one
+// BertAttention's state dict (no layer number: --layer left out), a BertEncoder's
+// (layer.N.), another model's leading name (roberta.).
+TEST_F(CliTest, CheckpointsOfOneLayerAnEncoderOrAnotherModelLoad) {
+    const TinyBert bert("", 2);
+    auto renamed = [&](const std::string &from, const std::string &to) {
+        TinyBert t = bert;
+        t.tensors.clear();
+        for (const auto &[name, tensor] : bert.tensors) {
+            if (name.rfind(from, 0) == 0) t.tensors[to + name.substr(from.size())] = tensor;
+        }
+        return t;
+    };
+    const std::string layer1 = "encoder.layer.1.attention.";
+    const std::vector<float> &w_v = bert.values.at(layer1 + "self.value.weight");
+    const std::vector<float> &beta = bert.values.at(layer1 + "output.LayerNorm.bias");
+    const struct {
+        std::string dir, prefix;
+        std::optional<int> layer;
+    } cases[] = {{"bert_layer", "attention.", std::nullopt},   // BertLayer.state_dict()
+                 {"bert_attention", "", std::nullopt},         // BertAttention.state_dict()
+                 {"bert_encoder", "layer.1.attention.", 1},    // BertEncoder.state_dict()
+                 {"roberta", "roberta.encoder.layer.1.attention.", 1}};
+    for (const auto &c : cases) {
+        renamed(layer1, c.prefix).write(path(c.dir));
+        const CheckpointLayer layer = load_bert_layer(path(c.dir), c.layer, std::nullopt, std::nullopt);
+        EXPECT_EQ(layer.prefix, c.prefix) << c.dir;
+        EXPECT_EQ(layer.w_v, w_v) << c.dir;
+        EXPECT_EQ(layer.beta, beta) << c.dir;
+    }
+    // attn run on one layer's checkpoint, --layer left out.
+    write_npy(path("x_one.npy"), {1, 3, 8}, std::vector<float>(24, 0.5f), "x");
+    const Result r = attn("run --model " + path("bert_layer") + " --input " + path("x_one.npy") + " --output " +
+                          path("y_one.npy"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(r.output.rfind("attention: ", 0), 0u) << r.output;
+    EXPECT_EQ(read_npy(path("y_one.npy"), "y").shape, (Shape{1, 3, 8}));
+    // Without --layer, a model's layer 0.
+    TinyBert("roberta.").write(path("roberta_model"));
+    EXPECT_EQ(load_bert_layer(path("roberta_model"), std::nullopt, std::nullopt, std::nullopt).prefix,
+              "roberta.encoder.layer.0.attention.");
 }
 
 TEST_F(CliTest, CheckpointProblemsNameTheArgumentAndTheTensor) {
@@ -357,6 +400,36 @@ TEST_F(CliTest, CheckpointProblemsNameTheArgumentAndTheTensor) {
     twice.write(path("twice"));
     expect_error(
         "ambiguous", [&] { load_bert_layer(path("twice"), 0, std::nullopt, std::nullopt); }, "--model", "is ambiguous");
+
+    // A checkpoint of one layer has no layer numbers; one without layer 0 needs --layer.
+    TinyBert one_layer = bert;
+    one_layer.tensors.clear();
+    for (const auto &[name, t] : bert.tensors) {
+        const std::string layer0 = "bert.encoder.layer.0.";
+        if (name.rfind(layer0, 0) == 0) one_layer.tensors[name.substr(layer0.size())] = t;
+    }
+    one_layer.write(path("one_layer"));
+    expect_error(
+        "--layer for one layer", [&] { load_bert_layer(path("one_layer"), 0, std::nullopt, std::nullopt); },
+        "--layer", "holds one attention layer without a layer number ('attention.'); leave --layer out");
+    TinyBert no_layer0 = bert;
+    for (const auto &[name, t] : bert.tensors) {
+        if (name.rfind("bert.encoder.layer.0.", 0) == 0) no_layer0.tensors.erase(name);
+    }
+    no_layer0.write(path("no_layer0"));
+    expect_error(
+        "no layer 0 and no --layer", [&] { load_bert_layer(path("no_layer0"), std::nullopt, std::nullopt, std::nullopt); },
+        "--model", "has no layer 0 (its layers are 1 to 1): name one with --layer");
+    fs::create_directories(path("sharded"));
+    write_file(path("sharded/model.safetensors.index.json"), "{}");
+    expect_error(
+        "sharded", [&] { load_bert_layer(path("sharded"), std::nullopt, 2, std::nullopt); }, "--model",
+        "holds a sharded checkpoint");
+    fs::create_directories(path("pickle"));
+    write_file(path("pickle/pytorch_model.bin"), "PK");
+    expect_error(
+        "pickle", [&] { load_bert_layer(path("pickle"), std::nullopt, 2, std::nullopt); }, "--model",
+        "holds pytorch_model.bin");
 
     write_file(path("empty.safetensors"), safetensors_file({{"x", f32({1}, {1})}}));
     expect_error(
