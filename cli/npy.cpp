@@ -140,7 +140,8 @@ std::vector<float> to_float32(const Array &array, const std::string &argument) {
     std::vector<float> out(array.element_count());
     const std::size_t size = dtype_size(array.dtype);
     if (array.dtype == DType::float32) {
-        std::memcpy(out.data(), array.bytes.data(), out.size() * 4);
+        // Not for zero elements: both pointers may be null then, which memcpy must not get.
+        if (!out.empty()) std::memcpy(out.data(), array.bytes.data(), out.size() * 4);
     } else {
         for (std::size_t i = 0; i < out.size(); ++i)
             out[i] = float(element_as_double(array.dtype, &array.bytes[i * size]));
@@ -164,7 +165,10 @@ std::vector<uint8_t> to_mask(const Array &array, const std::string &argument) {
 }
 
 Array read_npy(const std::string &path, const std::string &argument) {
-    const std::string file = read_file(path, argument);
+    return parse_npy(read_file(path, argument), path, argument);
+}
+
+Array parse_npy(const std::string &file, const std::string &path, const std::string &argument) {
     auto fail = [&](const std::string &why) { return Error(argument, path + ": " + why); };
     static const std::string magic = "\x93NUMPY";
     if (file.compare(0, magic.size(), magic) != 0) throw fail("not a NumPy .npy file (no \\x93NUMPY magic)");
@@ -184,14 +188,17 @@ Array read_npy(const std::string &path, const std::string &argument) {
     if (header_start + header_len > file.size()) throw fail("truncated header");
     const std::string header = file.substr(header_start, header_len);
 
+    // Compiled once: building a std::regex costs more than reading a header.
+    static const std::regex descr_key(R"('descr'\s*:\s*'([^']*)')"),
+        fortran_key(R"('fortran_order'\s*:\s*(True|False))"), shape_key(R"('shape'\s*:\s*\(([^)]*)\))");
     std::smatch m;
-    if (!std::regex_search(header, m, std::regex(R"('descr'\s*:\s*'([^']*)')"))) throw fail("header has no 'descr'");
+    if (!std::regex_search(header, m, descr_key)) throw fail("header has no 'descr'");
     const std::string descr = m[1];
-    if (!std::regex_search(header, m, std::regex(R"('fortran_order'\s*:\s*(True|False))"))) {
+    if (!std::regex_search(header, m, fortran_key)) {
         throw fail("header has no 'fortran_order'");
     }
     if (m[1] == "True") throw fail("Fortran-ordered arrays are not supported; save np.ascontiguousarray(a)");
-    if (!std::regex_search(header, m, std::regex(R"('shape'\s*:\s*\(([^)]*)\))"))) throw fail("header has no 'shape'");
+    if (!std::regex_search(header, m, shape_key)) throw fail("header has no 'shape'");
     const std::string shape_text = m[1];
 
     Array array;

@@ -50,6 +50,8 @@ std::vector<float> to_float32(const Array &array, const std::string &argument);
 std::vector<uint8_t> to_mask(const Array &array, const std::string &argument);
 
 Array read_npy(const std::string &path, const std::string &argument);
+// The same from the file's bytes (`path` only names it in errors).
+Array parse_npy(const std::string &bytes, const std::string &path, const std::string &argument);
 void write_npy(const std::string &path, const Shape &shape, const std::vector<float> &data,
                const std::string &argument);
 

@@ -23,9 +23,11 @@ bool parse_dtype(const std::string &name, DType &dtype) {
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string &path, const std::string &argument)
+    : SafetensorsFile(path, argument, read_file(path, argument)) {}
+
+SafetensorsFile::SafetensorsFile(const std::string &path, const std::string &argument, const std::string &file)
     : path_(path), argument_(argument) {
     auto fail = [&](const std::string &why) { return Error(argument, path + ": " + why); };
-    const std::string file = read_file(path, argument);
     if (file.size() < 8) throw fail("not a safetensors file (shorter than its 8-byte header length)");
     uint64_t header_len;
     std::memcpy(&header_len, file.data(), 8);
@@ -42,7 +44,9 @@ SafetensorsFile::SafetensorsFile(const std::string &path, const std::string &arg
     if (!header.is_object()) throw fail("malformed safetensors header: not a JSON object");
     const std::size_t data_start = 8 + header_len, data_size = file.size() - data_start;
 
-    for (const auto &[name, entry] : header.items()) {
+    for (const auto &item : header.items()) {
+        const std::string &name = item.key();  // not a structured binding: the lambdas below capture it
+        const nlohmann::json &entry = item.value();
         if (name == "__metadata__") continue;
         auto bad = [&](const std::string &why) { return fail("tensor '" + name + "': " + why); };
         if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||

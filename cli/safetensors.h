@@ -13,6 +13,8 @@ class SafetensorsFile {
 public:
     // Reads and validates the whole file; errors name `argument` and the path.
     SafetensorsFile(const std::string &path, const std::string &argument);
+    // The same from the file's bytes (`path` only names it in errors).
+    SafetensorsFile(const std::string &path, const std::string &argument, const std::string &bytes);
 
     bool contains(const std::string &name) const { return tensors_.count(name) != 0; }
     const Array &tensor(const std::string &name) const;  // throws if absent
