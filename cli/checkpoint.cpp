@@ -116,16 +116,16 @@ CheckpointLayer load_bert_layer(const std::string &model_path, std::optional<int
     const int wanted = layer ? *layer : indexed ? 0 : kNoIndex;
     const auto found = modules.find(wanted);
     if (found == modules.end()) {
-        const int first = indexed ? modules.upper_bound(kNoIndex)->first : 0;
-        const std::string range = std::to_string(first) + " to " + std::to_string(modules.rbegin()->first);
-        if (!layer) {
-            throw Error(kModelArg, out.safetensors_path + " has no layer 0 (its layers are " + range +
-                                       "): name one with --layer");
-        }
-        if (!indexed) {
+        if (!indexed) {  // then --layer was given: without it, the module without a number is found
             throw Error("--layer", std::to_string(wanted) + " given, but " + out.safetensors_path +
                                        " holds one attention layer without a layer number (" +
                                        quoted_list(modules.at(kNoIndex)) + "); leave --layer out");
+        }
+        const std::string range = std::to_string(modules.upper_bound(kNoIndex)->first) + " to " +
+                                  std::to_string(modules.rbegin()->first);
+        if (!layer) {
+            throw Error(kModelArg, out.safetensors_path + " has no layer 0 (its layers are " + range +
+                                       "): name one with --layer");
         }
         throw Error("--layer", std::to_string(wanted) + " is not in the checkpoint, which has layers " + range);
     }

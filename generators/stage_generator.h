@@ -36,13 +36,13 @@ public:
     Halide::GeneratorParam<int> key_block{"key_block", 0, 0, 4096};
 
     attn_sched::CpuTiling tiling() const {
-        return {int(tile_rows), int(tile_vectors), attn_sched::default_query_block(this->get_target(), query_block),
-                blocking().key_block, int(context_vectors)};
+        const attn_gen::Blocking b = blocking();
+        return {int(tile_rows), int(tile_vectors), b.query_block, b.key_block, int(context_vectors)};
     }
     attn_gen::Blocking blocking() const {
         const Halide::Target &t = this->get_target();
-        return {attn_sched::default_query_block(t, query_block),
-                key_block > 0 ? int(key_block) : attn_sched::default_key_block(t), attn_sched::key_chunk(t, tile_vectors)};
+        return {attn_sched::default_query_block(t, query_block), attn_sched::default_key_block(t, key_block),
+                attn_sched::key_chunk(t, tile_vectors)};
     }
 
     int estimate_batch() const {

@@ -203,7 +203,6 @@ void schedule_flash_core(attn_gen::AttentionLayer l, const CpuTiling &t, const T
         .parallel(head_batch)
         .vectorize(e, vw, kGuard);
     LoopLevel pair(f.ctx, head_batch), rows(f.ctx, io);
-    for (attn_gen::Linear p : {l.q, l.k, l.v}) schedule_projection(p, LoopLevel::root(), t, target);
     l.key_end.compute_root();
     f.keys.compute_at(pair).vectorize(j, vw, kGuard);
     f.values.compute_at(pair).vectorize(e, vw, kGuard);
@@ -233,9 +232,9 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
                                   const Target &target) {
     const int vw = vector_width(target);
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
+    schedule_qkv_projection_cpu(l.q, l.k, l.v, t, target);
     if (probs_are_output) {
         // The caller asked for the probabilities: they are an S×S output anyway.
-        schedule_qkv_projection_cpu(l.q, l.k, l.v, t, target);
         Var head_batch{"head_batch"}, pio{"pio"}, pii{"pii"};
         schedule_context(l.context, t, target);
         l.context.ctx.fuse(h, b, head_batch).parallel(head_batch);

@@ -64,11 +64,9 @@ struct Gemm {
 // index. An operand with an undefined Func is left to the caller to schedule.
 Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std::vector<Var> &blocks, RVar k,
               const std::vector<RVar> &outer_k, Operand a, Operand b, const GemmTile &t = kGemm) {
-    Var co{"co"}, ci{"ci"}, lane{"lane"}, cu{"cu"}, ro{"ro"}, ri{"ri"}, rt{"rt"}, ru{"ru"};
-    out.compute_root();
-    Stage stage(out);
-    stage.split(col, co, ci, t.cols(), kGuard)
-        .split(row, ro, ri, t.rows(), kGuard)
+    Var co{"co"}, ci{"ci"}, ro{"ro"}, ri{"ri"}, lane{"lane"}, cu{"cu"}, rt{"rt"}, ru{"ru"};
+    out.compute_root()
+        .tile(col, row, co, ro, ci, ri, t.cols(), t.rows(), kGuard)
         .split(ci, lane, cu, t.cols_per_thread)
         .split(ri, rt, ru, t.rows_per_thread);
     std::vector<VarOrRVar> out_order{cu, ru, lane, rt, co, ro};
@@ -76,15 +74,15 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std:
         Var block_z = blocks[0];
         for (std::size_t n = 1; n < blocks.size(); ++n) {
             Var fused{"blocks_" + std::to_string(n)};
-            stage.fuse(block_z, blocks[n], fused);
+            out.fuse(block_z, blocks[n], fused);
             block_z = fused;
         }
         out_order.push_back(block_z);
-        stage.reorder(out_order).gpu_blocks(co, ro, block_z);
+        out.reorder(out_order).gpu_blocks(co, ro, block_z);
     } else {
-        stage.reorder(out_order).gpu_blocks(co, ro);
+        out.reorder(out_order).gpu_blocks(co, ro);
     }
-    stage.gpu_threads(lane, rt).unroll(cu).unroll(ru);
+    out.gpu_threads(lane, rt).unroll(cu).unroll(ru);
 
     // The block's accumulator, in shared memory; whole tiles (the algorithm clamps
     // reads past the edge), so its size is a constant.
@@ -93,30 +91,28 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std:
     for (std::size_t n = 0; n < outer_k.size(); ++n) preserved.push_back({outer_k[n], Var("outer_k" + std::to_string(n))});
     Func thread_tile = product.update().split(k, ko, ki, t.k_chunk, kGuard).rfactor(preserved);
 
-    const Var &product_row = row;
-    Var prt{"rt"}, pru{"ru"};
     product.compute_at(out, co)
         .bound_extent(col, t.cols())
-        .bound_extent(product_row, t.rows())
+        .bound_extent(row, t.rows())
         .split(col, lane, cu, t.cols_per_thread)
-        .split(product_row, prt, pru, t.rows_per_thread)
-        .reorder(cu, pru, lane, prt)
-        .gpu_threads(lane, prt)
+        .split(row, rt, ru, t.rows_per_thread)
+        .reorder(cu, ru, lane, rt)
+        .gpu_threads(lane, rt)
         .unroll(cu)
-        .unroll(pru);
-    std::vector<VarOrRVar> order{cu, pru, lane, prt, ko};
+        .unroll(ru);
+    std::vector<VarOrRVar> order{cu, ru, lane, rt, ko};
     order.insert(order.end(), outer_k.begin(), outer_k.end());
     product.update()
         .split(col, lane, cu, t.cols_per_thread)
-        .split(product_row, prt, pru, t.rows_per_thread)
+        .split(row, rt, ru, t.rows_per_thread)
         .reorder(order)
-        .gpu_threads(lane, prt)
+        .gpu_threads(lane, rt)
         .unroll(cu)
-        .unroll(pru);
+        .unroll(ru);
 
     // Each thread's chunk: a register tile reducing over the chunk's k.
-    thread_tile.compute_at(product, lane).store_in(MemoryType::Register).unroll(col).unroll(product_row);
-    thread_tile.update().reorder(col, product_row, ki).unroll(col).unroll(product_row);
+    thread_tile.compute_at(product, lane).store_in(MemoryType::Register).unroll(col).unroll(row);
+    thread_tile.update().reorder(col, row, ki).unroll(col).unroll(row);
 
     LoopLevel chunk(product, ko);
     if (a.func.defined()) stage_in_shared(a.func.in(thread_tile), a.contiguous_arg, a.other_arg, chunk);
@@ -131,7 +127,7 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std:
 // registers; per step of k it loads W_t's row as one float4 and kThreadRows input values,
 // which the threads of a warp on the same rows share (broadcast loads from L1). W_t, the
 // weight with output features innermost, is transposed once per call (W is stored with
-// input features innermost). A block is one warp: 16 threads along columns by 2 along rows.
+// input features innermost). A block is 16 threads along columns by 8 along rows (4 warps).
 struct ProjectionTile {
     static constexpr int kVector = 4;
     static constexpr int kThreadRows = 2;

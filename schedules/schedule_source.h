@@ -31,7 +31,7 @@ void apply_frozen_schedule(const std::string &generator, const std::string &sour
 // whose running state and tiles stay in the 48 KB of shared memory that Halide 21
 // launches with (for head dims up to 64).
 int default_query_block(const Halide::Target &target, int query_block);
-int default_key_block(const Halide::Target &target);
+int default_key_block(const Halide::Target &target, int key_block);
 // Keys per chunk of the flash core: the width of a register tile of scores on a CPU
 // (tile_vectors vectors), a warp's lanes on a GPU.
 int key_chunk(const Halide::Target &target, int tile_vectors);

@@ -319,10 +319,7 @@ struct DeviceWeights {
         const halide_device_interface_t *gpu = device_interface(variant.device);
         auto upload = [&](const char *name, Halide::Runtime::Buffer<const float> &b, const ConstTensor &t) {
             place.input(name, b, t.memory);
-            if (t.memory == Memory::host) {
-                check_halide(b.copy_to_device(gpu), name, "copying the weight to the device");
-                ++uploads;
-            }
+            if (t.memory == Memory::host) check_halide(b.copy_to_device(gpu), name, "copying the weight to the device");
         };
         upload("w_q", views.w_q, weights.w_q);
         upload("w_k", views.w_k, weights.w_k);
