@@ -12,9 +12,9 @@
 //            uses this): counters GFLOP/s (the layer's GEMM FLOPs; the softmax counts a
 //            nominal 5 FLOPs per score), bytes (each input and output touched once) and
 //            the peak heap per iteration.
-// --candidate=LIBRARY:SUFFIX:ISA loads a shared library holding some of the functions
-// attn_<stage>_<SUFFIX> (tools/autotune.py's candidates), registers it as the variant
-// candidate_<SUFFIX> and offers only it.
+// --candidate=LIBRARY:SUFFIX:ISA (repeatable) loads a shared library holding some of the
+// functions attn_<stage>_<SUFFIX> (tools/autotune.py's candidates), registers it as the
+// variant candidate_<SUFFIX> and offers it beside the compiled variants.
 #include "kernels.h"  // the runtime's variant registration, for --candidate
 #include "openblas_peers.h"
 #include "peak_memory.h"
@@ -346,9 +346,9 @@ const char *const kStageNames[] = {"qkv_projection", "attention_scores", "masked
                                    "output_layernorm"};
 
 // Every case: each variant (OpenCL ones aside: they run the GPU schedules on PoCL in
-// CI, to check them; a CPU's OpenCL says nothing about a GPU) fused and by stage, and,
-// with `peers`, OpenBLAS beside them.
-std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list, bool peers) {
+// CI, to check them; a CPU's OpenCL says nothing about a GPU) fused and by stage, and
+// OpenBLAS beside them.
+std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
     const std::pair<const char *, Gemms> stage_peers[] = {{"qkv_projection", Gemms::qkv_projection},
                                                           {"attention_scores", Gemms::attention_scores},
                                                           {"weighted_sum", Gemms::weighted_sum},
@@ -364,10 +364,8 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list, bool p
     };
     for (const ListedProblem &lp : testing::problem_list()) {
         for (const VariantInfo *v : timed) add("self_attention", v->name, lp, [v, &lp] { return fused_layer(*v, lp); });
-        if (peers) {
-            add("self_attention", "openblas_roofline", lp, [&lp] { return openblas_layer(true, lp); });
-            add("self_attention", "openblas_unfused", lp, [&lp] { return openblas_layer(false, lp); });
-        }
+        add("self_attention", "openblas_roofline", lp, [&lp] { return openblas_layer(true, lp); });
+        add("self_attention", "openblas_unfused", lp, [&lp] { return openblas_layer(false, lp); });
         if (lp.problem.s_q > kLongestStageSeq) continue;
         for (const char *name : kStageNames) {
             for (const VariantInfo *v : timed) {
@@ -375,7 +373,7 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list, bool p
             }
         }
         for (const auto &[name, gemms] : stage_peers) {
-            if (peers) add(name, "openblas_roofline", lp, [gemms = gemms, &lp] { return openblas_stage(gemms, lp); });
+            add(name, "openblas_roofline", lp, [gemms = gemms, &lp] { return openblas_stage(gemms, lp); });
         }
     }
     return cases;
@@ -533,26 +531,25 @@ int serve(const std::vector<Case> &cases) {
 int main(int argc, char **argv) {
     const char *candidate_flag = "--candidate=";
     std::vector<attn::VariantInfo> variant_list = attn::variants();
-    bool peers = true, serve = false;
+    bool serve = false;
     for (int i = 1; i < argc; ++i) {
         const bool is_candidate = std::strncmp(argv[i], candidate_flag, std::strlen(candidate_flag)) == 0;
         const bool is_serve = std::strcmp(argv[i], "--serve") == 0;
         if (!is_candidate && !is_serve) continue;
         if (is_candidate) {
             try {
-                variant_list = {attn::bench::load_candidate(argv[i] + std::strlen(candidate_flag))};
+                variant_list.push_back(attn::bench::load_candidate(argv[i] + std::strlen(candidate_flag)));
             } catch (const attn::Error &e) {
                 std::fprintf(stderr, "attn_bench: %s\n", e.what());
                 return 1;
             }
-            peers = false;
         }
         serve = serve || is_serve;
         std::copy(argv + i + 1, argv + argc + 1, argv + i);  // argv[argc] is null
         --argc;
         --i;
     }
-    const std::vector<attn::bench::Case> cases = attn::bench::all_cases(variant_list, peers);
+    const std::vector<attn::bench::Case> cases = attn::bench::all_cases(variant_list);
     if (serve) return attn::bench::serve(cases);
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

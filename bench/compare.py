@@ -38,8 +38,8 @@ DEFAULT_EXCLUDE = r"^[a-z_]+/(mullapudi2016|adams2019|li2018|anderson2021)_[a-z0
 class Worker:
     """attn_bench --serve: one JSON answer per command line."""
 
-    def __init__(self, executable):
-        self.process = subprocess.Popen([executable, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    def __init__(self, executable, candidates=()):
+        self.process = subprocess.Popen([executable, "--serve", *(f"--candidate={c}" for c in candidates)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         text=True, bufsize=1)
 
     def ask(self, *words):
@@ -140,6 +140,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=7, help="rounds per problem and stage (at least 5)")
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds per sample (at least one run)")
     parser.add_argument("--pause", type=float, default=0.02, help="seconds between two samples")
+    parser.add_argument("--candidate", action="append", default=[], metavar="LIBRARY:SUFFIX:ISA",
+                        help="also time a compiled candidate (tools/autotune.py's), as candidate_SUFFIX")
     parser.add_argument("--filter", default=".", help="regex on <stage>/<implementation>/<problem>")
     parser.add_argument("--exclude", default=DEFAULT_EXCLUDE, help="regex of cases left out (default: the "
                         "autoscheduled variants at S >= 4096, which take up to a minute per call)")
@@ -157,7 +159,7 @@ def main():
     def wanted(name):
         return selected.search(name) and not (excluded and excluded.search(name))
 
-    worker = Worker(args.bench)
+    worker = Worker(args.bench, args.candidate)
     listing = worker.ask("list")
     on_device = re.compile(r"_cuda/" if args.device == "cuda" else r"^(?!.*_cuda/)")
     cases = [c for c in listing["cases"] if on_device.search(c["name"]) and wanted(c["name"])]

@@ -134,6 +134,7 @@ Halide::Func last_real_key(Halide::Func key_padding_mask, Halide::Expr s_k);
 struct FlashAttention {
     Halide::Func keys;           // (key, head_dim, head, batch): K packed per head, keys innermost
     Halide::Func values;         // (head_dim, key, head, batch): V packed per head
+    Halide::Func key_is_real;    // (key, batch): a real token within s_k, for whole blocks
     // Per (key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch):
     Halide::Func dot;            // Q·Kᵀ
     Halide::Func scores;         // dot / √d + bias; an update over the chunks visited, undefined elsewhere

@@ -30,12 +30,21 @@ void register_tile(Func tile, const Var &column, const Var &row, const std::vect
     tile.update().split(column, vec, lane, vw).reorder(order).vectorize(lane).unroll(vec).unroll(row);
 }
 
-// A reduction over one row (max, sum) computed at `at`, vectorized across the row:
-// vectors of partial results, combined at the end (atomic() lets Halide reassociate).
+// A reduction over one row (max, sum) computed at `at`, vectorized across the row: a
+// vector of partial results (rfactor), combined across its lanes once per row. (A
+// vectorized atomic() reduction combines the lanes of every vector, a serial chain.)
 void vectorized_row_reduction(Func reduction, RVar along, LoopLevel at, const Target &target) {
+    const int vw = vector_width(target);
     RVar outer{"outer"}, lane{"lane"};
+    Var partial_lane{"partial_lane"};
     reduction.compute_at(at);
-    reduction.update().split(along, outer, lane, vector_width(target), kGuard).atomic().vectorize(lane);
+    Func partial = reduction.update().split(along, outer, lane, vw, kGuard).rfactor(lane, partial_lane);
+    // rfactor adds its lane variable as the outermost dimension; store it innermost, so
+    // that each vector of partials is one load and one store.
+    std::vector<Var> storage{partial_lane};
+    for (const Var &v : reduction.args()) storage.push_back(v);
+    partial.compute_at(at).reorder_storage(storage).vectorize(partial_lane);
+    partial.update().vectorize(partial_lane);  // the loops over the row run inside, on whole vectors
 }
 
 // A projection's output (o, s, b), e.g. product + bias, computed at `at` with the GEMM
@@ -206,6 +215,7 @@ void schedule_flash_core(attn_gen::AttentionLayer l, const CpuTiling &t, const T
     l.key_end.compute_root();
     f.keys.compute_at(pair).vectorize(j, vw, kGuard);
     f.values.compute_at(pair).vectorize(e, vw, kGuard);
+    f.key_is_real.compute_at(pair).vectorize(j, vw, kGuard);
 
     // Not GuardWithIf: its tail test inside the loop over key blocks keeps Halide from
     // turning the key-block predicate into that loop's bound (the running state is

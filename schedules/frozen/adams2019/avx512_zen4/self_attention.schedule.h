@@ -18,25 +18,26 @@ inline void apply_schedule_attn_self_attention_adams2019_avx512_zen4(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(44);
-    Func variance = pipeline.get_func(43);
-    Func sum_sq_dev = pipeline.get_func(42);
-    Func mean = pipeline.get_func(41);
-    Func sum = pipeline.get_func(40);
-    Func dense = pipeline.get_func(38);
-    Func projection = pipeline.get_func(37);
-    Func w_o_t = pipeline.get_func(36);
-    Func ctx = pipeline.get_func(34);
-    Func running = pipeline.get_func(33);
-    Func block_sum = pipeline.get_func(32);
-    Func block_context = pipeline.get_func(31);
-    Func values = pipeline.get_func(30);
-    Func v_heads = pipeline.get_func(29);
-    Func v = pipeline.get_func(28);
-    Func v_product = pipeline.get_func(27);
-    Func v_weight_t = pipeline.get_func(26);
-    Func block_exp = pipeline.get_func(23);
-    Func block_max = pipeline.get_func(22);
+    Func y_1 = pipeline.get_func(45);
+    Func variance = pipeline.get_func(44);
+    Func sum_sq_dev = pipeline.get_func(43);
+    Func mean = pipeline.get_func(42);
+    Func sum = pipeline.get_func(41);
+    Func dense = pipeline.get_func(39);
+    Func projection = pipeline.get_func(38);
+    Func w_o_t = pipeline.get_func(37);
+    Func ctx = pipeline.get_func(35);
+    Func running = pipeline.get_func(34);
+    Func block_sum = pipeline.get_func(33);
+    Func block_context = pipeline.get_func(32);
+    Func values = pipeline.get_func(31);
+    Func v_heads = pipeline.get_func(30);
+    Func v = pipeline.get_func(29);
+    Func v_product = pipeline.get_func(28);
+    Func v_weight_t = pipeline.get_func(27);
+    Func block_exp = pipeline.get_func(24);
+    Func block_max = pipeline.get_func(23);
+    Func key_is_real = pipeline.get_func(22);
     Func block_scores = pipeline.get_func(21);
     Func dot = pipeline.get_func(20);
     Func q_heads = pipeline.get_func(19);
@@ -67,6 +68,7 @@ inline void apply_schedule_attn_self_attention_adams2019_avx512_zen4(
     Var key_in_chunk(block_exp.get_schedule().dims()[0].var);
     Var key_in_chunki("key_in_chunki");
     Var keyi("keyi");
+    Var keyii("keyii");
     Var query(ctx.get_schedule().dims()[2].var);
     Var query_block(running.get_schedule().dims()[2].var);
     Var query_in_block(running.get_schedule().dims()[1].var);
@@ -241,17 +243,17 @@ inline void apply_schedule_attn_self_attention_adams2019_avx512_zen4(
         .reorder({hiddeni, hidden, in_featurei, in_feature})
         .parallel(in_feature);
     block_exp
-        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::RoundUp)
-        .split(query_in_blocki, query_in_blocki, query_in_blockii, 16, TailStrategy::RoundUp)
-        .vectorize(query_in_blockii)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
         .compute_root()
-        .reorder({query_in_blockii, query_in_blocki, key_in_chunk, key_chunk, query_block, head, query_in_block, key_block, batch})
-        .parallel(query_in_block)
+        .reorder({query_in_blocki, query_in_block, key_in_chunk, key_chunk, head, query_block, key_block, batch})
+        .parallel(query_block)
         .reorder_storage(query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch);
     block_exp.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 64, TailStrategy::GuardWithIf)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
         .vectorize(query_in_blocki)
-        .reorder({query_in_blocki, query_in_block, key_in_block_x, key_in_block_y, query_block, head, key_block, batch});
+        .reorder({query_in_blocki, query_in_block, key_in_block_x, key_in_block_y, head, query_block, key_block, batch})
+        .parallel(query_block);
     block_max
         .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::RoundUp)
         .split(query_in_blocki, query_in_blocki, query_in_blockii, 16, TailStrategy::RoundUp)
@@ -260,9 +262,19 @@ inline void apply_schedule_attn_self_attention_adams2019_avx512_zen4(
         .reorder({query_in_blockii, query_in_blocki, query_block, head, query_in_block, key_block, batch})
         .parallel(query_in_block);
     block_max.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 64, TailStrategy::GuardWithIf)
-        .vectorize(query_in_blocki)
-        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, query_block, head, key_block, batch});
+        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::RoundUp)
+        .split(query_in_blocki, query_in_blocki, query_in_blockii, 16, TailStrategy::GuardWithIf)
+        .vectorize(query_in_blockii)
+        .reorder({query_in_blockii, key_in_block_x, key_in_block_y, query_in_blocki, query_block, head, query_in_block, key_block, batch})
+        .parallel(query_in_block);
+    key_is_real
+        .split(key, key, keyi, 320, TailStrategy::ShiftInwards)
+        .split(keyi, keyi, keyii, 64, TailStrategy::ShiftInwards)
+        .unroll(keyi)
+        .vectorize(keyii)
+        .compute_root()
+        .reorder({keyii, keyi, key, batch})
+        .parallel(key);
     block_scores
         .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
         .vectorize(query_in_blocki)

@@ -18,25 +18,26 @@ inline void apply_schedule_attn_self_attention_adams2019_sse41(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(44);
-    Func variance = pipeline.get_func(43);
-    Func sum_sq_dev = pipeline.get_func(42);
-    Func mean = pipeline.get_func(41);
-    Func sum = pipeline.get_func(40);
-    Func dense = pipeline.get_func(38);
-    Func projection = pipeline.get_func(37);
-    Func w_o_t = pipeline.get_func(36);
-    Func ctx = pipeline.get_func(34);
-    Func running = pipeline.get_func(33);
-    Func block_sum = pipeline.get_func(32);
-    Func block_context = pipeline.get_func(31);
-    Func values = pipeline.get_func(30);
-    Func v_heads = pipeline.get_func(29);
-    Func v = pipeline.get_func(28);
-    Func v_product = pipeline.get_func(27);
-    Func v_weight_t = pipeline.get_func(26);
-    Func block_exp = pipeline.get_func(23);
-    Func block_max = pipeline.get_func(22);
+    Func y_1 = pipeline.get_func(45);
+    Func variance = pipeline.get_func(44);
+    Func sum_sq_dev = pipeline.get_func(43);
+    Func mean = pipeline.get_func(42);
+    Func sum = pipeline.get_func(41);
+    Func dense = pipeline.get_func(39);
+    Func projection = pipeline.get_func(38);
+    Func w_o_t = pipeline.get_func(37);
+    Func ctx = pipeline.get_func(35);
+    Func running = pipeline.get_func(34);
+    Func block_sum = pipeline.get_func(33);
+    Func block_context = pipeline.get_func(32);
+    Func values = pipeline.get_func(31);
+    Func v_heads = pipeline.get_func(30);
+    Func v = pipeline.get_func(29);
+    Func v_product = pipeline.get_func(28);
+    Func v_weight_t = pipeline.get_func(27);
+    Func block_exp = pipeline.get_func(24);
+    Func block_max = pipeline.get_func(23);
+    Func key_is_real = pipeline.get_func(22);
     Func block_scores = pipeline.get_func(21);
     Func dot = pipeline.get_func(20);
     Func q_heads = pipeline.get_func(19);
@@ -60,21 +61,19 @@ inline void apply_schedule_attn_self_attention_adams2019_sse41(
     Var hidden(y_1.get_schedule().dims()[0].var);
     Var hiddeni("hiddeni");
     Var hiddenii("hiddenii");
+    Var hiddeniii("hiddeniii");
     Var in_feature(w_o_t.get_schedule().dims()[1].var);
     Var in_featurei("in_featurei");
     Var key(values.get_schedule().dims()[1].var);
     Var key_block(block_sum.get_schedule().dims()[2].var);
     Var key_chunk(block_exp.get_schedule().dims()[1].var);
     Var key_in_chunk(block_exp.get_schedule().dims()[0].var);
-    Var key_in_chunki("key_in_chunki");
     Var keyi("keyi");
     Var keyii("keyii");
     Var query(ctx.get_schedule().dims()[2].var);
     Var query_block(running.get_schedule().dims()[2].var);
     Var query_in_block(running.get_schedule().dims()[1].var);
     Var query_in_blocki("query_in_blocki");
-    Var query_in_blockii("query_in_blockii");
-    Var query_in_blockiii("query_in_blockiii");
     Var seq(y_1.get_schedule().dims()[1].var);
     Var seqi("seqi");
     Var seqii("seqii");
@@ -85,6 +84,7 @@ inline void apply_schedule_attn_self_attention_adams2019_sse41(
     RVar in_feature_y(projection.update(0).get_schedule().dims()[1].var);
     RVar k_k_x(k_product.update(0).get_schedule().dims()[0].var);
     RVar k_row_x(k.update(0).get_schedule().dims()[0].var);
+    RVar k_row_xi("k_row$xi");
     RVar key_blocks_x(running.update(0).get_schedule().dims()[0].var);
     RVar key_in_block_x(block_sum.update(0).get_schedule().dims()[0].var);
     RVar key_in_block_y(block_sum.update(0).get_schedule().dims()[1].var);
@@ -244,69 +244,72 @@ inline void apply_schedule_attn_self_attention_adams2019_sse41(
         .parallel(query_block)
         .reorder_storage(query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch);
     block_exp.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
         .vectorize(query_in_blocki)
         .reorder({query_in_blocki, query_in_block, key_in_block_x, key_in_block_y, head, query_block, key_block, batch})
         .parallel(query_block);
     block_max
-        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::RoundUp)
-        .split(query_in_blocki, query_in_blocki, query_in_blockii, 4, TailStrategy::RoundUp)
-        .vectorize(query_in_blockii)
-        .compute_root()
-        .reorder({query_in_blockii, query_in_blocki, query_block, head, query_in_block, key_block, batch})
-        .parallel(query_in_block);
-    block_max.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::GuardWithIf)
-        .split(query_in_blocki, query_in_blocki, query_in_blockii, 16, TailStrategy::GuardWithIf)
-        .vectorize(query_in_blockii)
-        .reorder({query_in_blockii, key_in_block_x, key_in_block_y, query_in_blocki, query_block, head, query_in_block, key_block, batch})
-        .parallel(query_in_block);
-    block_scores
         .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
         .vectorize(query_in_blocki)
         .compute_root()
-        .reorder({query_in_blocki, query_in_block, key_in_chunk, key_chunk, head, query_block, key_block, batch})
+        .reorder({query_in_blocki, query_in_block, head, query_block, key_block, batch})
+        .parallel(query_block);
+    block_max.update(0)
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, head, query_block, key_block, batch})
+        .parallel(query_block);
+    key_is_real
+        .split(key, key, keyi, 272, TailStrategy::ShiftInwards)
+        .split(keyi, keyi, keyii, 16, TailStrategy::ShiftInwards)
+        .vectorize(keyii)
+        .compute_root()
+        .reorder({keyii, keyi, key, batch})
+        .parallel(key);
+    block_scores
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .vectorize(headi)
+        .compute_root()
+        .reorder({headi, head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch})
         .parallel(query_block)
-        .reorder_storage(query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch);
+        .reorder_storage(head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch);
     block_scores.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
         .split(head, head, headi, 4, TailStrategy::GuardWithIf)
-        .split(query_in_blocki, query_in_blocki, query_in_blockii, 8, TailStrategy::GuardWithIf)
-        .split(query_in_blockii, query_in_blockii, query_in_blockiii, 4, TailStrategy::GuardWithIf)
-        .vectorize(query_in_blockiii)
-        .reorder({query_in_blockiii, query_in_blockii, key_in_block_x, key_in_block_y, query_in_blocki, headi, query_in_block, head, query_block, key_block, batch})
+        .vectorize(headi)
+        .reorder({headi, key_in_block_x, key_in_block_y, query_in_block, head, query_block, key_block, batch})
         .parallel(query_block);
     dot
         .store_in(MemoryType::Stack)
-        .split(key_in_chunk, key_in_chunk, key_in_chunki, 4, TailStrategy::RoundUp)
-        .vectorize(key_in_chunki)
-        .compute_at(block_scores, key_in_block_y)
-        .reorder({key_in_chunki, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch});
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .vectorize(headi)
+        .compute_at(block_scores, key_in_block_x)
+        .reorder({headi, head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch})
+        .reorder_storage(head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch);
     dot.update(0)
-        .split(key_in_chunk, key_in_chunk, key_in_chunki, 4, TailStrategy::RoundUp)
-        .vectorize(key_in_chunki)
-        .reorder({key_in_chunki, e_x, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch});
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .vectorize(headi)
+        .reorder({headi, head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch, e_x});
     q_heads
         .store_in(MemoryType::Stack)
-        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::RoundUp)
-        .vectorize(head_dimi)
-        .compute_at(block_scores, query_in_blocki)
-        .reorder({head_dimi, head_dim, head, seq, batch});
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .vectorize(headi)
+        .compute_at(block_scores, key_in_block_x)
+        .store_at(block_scores, head)
+        .reorder({headi, head, head_dim, seq, batch})
+        .reorder_storage(head, head_dim, seq, batch);
     q
-        .store_in(MemoryType::Stack)
-        .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
-        .split(seq, seq, seqi, 4, TailStrategy::ShiftInwards)
-        .split(hiddeni, hiddeni, hiddenii, 4, TailStrategy::ShiftInwards)
-        .unroll(hiddeni)
-        .unroll(seqi)
-        .vectorize(hiddenii)
-        .compute_at(block_scores, query_in_block)
-        .reorder({hiddenii, hiddeni, seqi, hidden, seq, batch});
+        .split(seq, seq, seqi, 32, TailStrategy::ShiftInwards)
+        .split(hidden, hidden, hiddeni, 3, TailStrategy::ShiftInwards)
+        .split(seqi, seqi, seqii, 4, TailStrategy::ShiftInwards)
+        .vectorize(seqii)
+        .compute_at(block_scores, head)
+        .reorder({seqii, seqi, hiddeni, seq, hidden, batch})
+        .reorder_storage(seq, hidden, batch);
     q_product
         .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .compute_at(q, hidden)
+        .compute_at(q, seq)
         .reorder({hiddeni, hidden, seq, batch});
     q_product.update(0)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
@@ -320,30 +323,37 @@ inline void apply_schedule_attn_self_attention_adams2019_sse41(
         .reorder({hiddeni, hidden, in_featurei, in_feature})
         .parallel(in_feature);
     keys
-        .split(head_dim, head_dim, head_dimi, 22, TailStrategy::ShiftInwards)
-        .split(head, head, headi, 4, TailStrategy::ShiftInwards)
-        .split(key, key, keyi, 260, TailStrategy::ShiftInwards)
-        .split(keyi, keyi, keyii, 4, TailStrategy::ShiftInwards)
-        .vectorize(keyii)
+        .split(key, key, keyi, 258, TailStrategy::RoundUp)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .split(head_dim, head_dim, head_dimi, 2, TailStrategy::RoundUp)
+        .vectorize(headi)
         .compute_root()
-        .reorder({keyii, keyi, head_dimi, headi, key, head_dim, head, batch})
-        .fuse(head_dim, head, head_dim)
-        .parallel(head_dim);
+        .reorder({headi, keyi, head_dimi, head, head_dim, key, batch})
+        .parallel(key)
+        .reorder_storage(head, key, head_dim, batch);
     k_heads
         .store_in(MemoryType::Stack)
-        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::RoundUp)
-        .vectorize(head_dimi)
-        .compute_at(keys, key)
-        .reorder({head_dimi, head_dim, head, seq, batch});
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .vectorize(headi)
+        .compute_at(keys, keyi)
+        .store_at(keys, head)
+        .reorder({headi, head, head_dim, seq, batch})
+        .reorder_storage(head, head_dim, seq, batch);
     k
-        .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
-        .vectorize(hiddeni)
-        .compute_at(keys, head_dim)
-        .reorder({hiddeni, hidden, seq, batch});
+        .split(hidden, hidden, hiddeni, 384, TailStrategy::RoundUp)
+        .split(hiddeni, hiddeni, hiddenii, 4, TailStrategy::RoundUp)
+        .vectorize(hiddenii)
+        .compute_root()
+        .reorder({hiddenii, hiddeni, seq, hidden, batch})
+        .parallel(hidden);
     k.update(0)
-        .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
-        .vectorize(hiddeni)
-        .reorder({hiddeni, hidden, k_row_x, batch});
+        .split(hidden, hidden, hiddeni, 384, TailStrategy::GuardWithIf)
+        .split(hiddeni, hiddeni, hiddenii, 16, TailStrategy::GuardWithIf)
+        .split(k_row_x, k_row_x, k_row_xi, 16, TailStrategy::GuardWithIf)
+        .split(hiddenii, hiddenii, hiddeniii, 4, TailStrategy::GuardWithIf)
+        .vectorize(hiddeniii)
+        .reorder({hiddeniii, hiddenii, k_row_xi, hiddeni, k_row_x, hidden, batch})
+        .parallel(hidden);
     kv_rows
         .split(batch, batch, batchi, 4, TailStrategy::RoundUp)
         .vectorize(batchi)
@@ -359,25 +369,21 @@ inline void apply_schedule_attn_self_attention_adams2019_sse41(
         .vectorize(batchi)
         .reorder({batchi, all_keys_x, batch});
     k_product
-        .split(seq, seq, seqi, 64, TailStrategy::RoundUp)
+        .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .compute_root()
-        .reorder({hiddeni, hidden, seqi, seq, batch})
-        .parallel(seq);
+        .compute_at(k, hiddeni)
+        .reorder({hiddeni, hidden, seq, batch});
     k_product.update(0)
-        .split(seq, seq, seqi, 64, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
-        .reorder({hiddeni, k_k_x, hidden, seqi, seq, batch})
-        .parallel(seq);
+        .reorder({hiddeni, k_k_x, seq, hidden, batch});
     k_weight_t
-        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
+        .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
-        .compute_root()
-        .reorder({hiddeni, hidden, in_featurei, in_feature})
-        .parallel(in_feature);
+        .compute_at(k_product, hidden)
+        .reorder({hiddeni, hidden, in_feature});
 
 }
 

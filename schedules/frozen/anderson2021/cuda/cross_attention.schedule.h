@@ -18,25 +18,26 @@ inline void apply_schedule_attn_cross_attention_anderson2021_cuda(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(45);
-    Func variance = pipeline.get_func(44);
-    Func sum_sq_dev = pipeline.get_func(43);
-    Func mean = pipeline.get_func(42);
-    Func sum = pipeline.get_func(41);
-    Func dense = pipeline.get_func(39);
-    Func projection = pipeline.get_func(38);
-    Func w_o_t = pipeline.get_func(37);
-    Func ctx = pipeline.get_func(35);
-    Func running = pipeline.get_func(34);
-    Func block_sum = pipeline.get_func(33);
-    Func block_context = pipeline.get_func(32);
-    Func values = pipeline.get_func(31);
-    Func v_heads = pipeline.get_func(30);
-    Func v = pipeline.get_func(29);
-    Func v_product = pipeline.get_func(28);
-    Func v_weight_t = pipeline.get_func(27);
-    Func block_exp = pipeline.get_func(24);
-    Func block_max = pipeline.get_func(23);
+    Func y_1 = pipeline.get_func(46);
+    Func variance = pipeline.get_func(45);
+    Func sum_sq_dev = pipeline.get_func(44);
+    Func mean = pipeline.get_func(43);
+    Func sum = pipeline.get_func(42);
+    Func dense = pipeline.get_func(40);
+    Func projection = pipeline.get_func(39);
+    Func w_o_t = pipeline.get_func(38);
+    Func ctx = pipeline.get_func(36);
+    Func running = pipeline.get_func(35);
+    Func block_sum = pipeline.get_func(34);
+    Func block_context = pipeline.get_func(33);
+    Func values = pipeline.get_func(32);
+    Func v_heads = pipeline.get_func(31);
+    Func v = pipeline.get_func(30);
+    Func v_product = pipeline.get_func(29);
+    Func v_weight_t = pipeline.get_func(28);
+    Func block_exp = pipeline.get_func(25);
+    Func block_max = pipeline.get_func(24);
+    Func key_is_real = pipeline.get_func(23);
     Func block_scores = pipeline.get_func(22);
     Func dot = pipeline.get_func(21);
     Func q_heads = pipeline.get_func(20);
@@ -359,13 +360,13 @@ inline void apply_schedule_attn_cross_attention_anderson2021_cuda(
         .gpu_threads(hiddeni);
     block_exp
         .split(key_in_chunk, key_in_chunk, key_in_chunki, 16, TailStrategy::RoundUp)
-        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .split(query_in_block, query_in_block, query_in_blocki, 8, TailStrategy::RoundUp)
         .split(query_block, query_block, query_blocki, 2, TailStrategy::RoundUp)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .split(batch, batch, batchi, 8, TailStrategy::RoundUp)
         .split(query_blocki, query_blocki, query_blockii, 2, TailStrategy::RoundUp)
         .unroll(query_blockii)
         .compute_root()
-        .reorder(query_blockii, key_in_chunki, query_in_blocki, query_blocki, headi, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch)
+        .reorder(query_blockii, key_in_chunki, query_in_blocki, query_blocki, batchi, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch)
         .gpu_blocks(key_in_chunk)
         .gpu_blocks(key_chunk)
         .fuse(query_in_block, query_block, query_in_block)
@@ -375,47 +376,49 @@ inline void apply_schedule_attn_cross_attention_anderson2021_cuda(
         .gpu_blocks(query_in_block)
         .split(key_in_chunki, key_in_chunki_serial_outer, key_in_chunki, 16, TailStrategy::GuardWithIf)
         .gpu_threads(key_in_chunki)
-        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 8, TailStrategy::GuardWithIf)
         .gpu_threads(query_in_blocki)
-        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
-        .gpu_threads(headi);
+        .split(batchi, batchi_serial_outer, batchi, 8, TailStrategy::GuardWithIf)
+        .gpu_threads(batchi);
     block_exp.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
-        .split(query_block, query_block, query_blocki, 2, TailStrategy::GuardWithIf)
-        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
+        .split(query_in_block, query_in_block, query_in_blocki, 8, TailStrategy::RoundUp)
+        .split(query_block, query_block, query_blocki, 2, TailStrategy::RoundUp)
+        .split(batch, batch, batchi, 8, TailStrategy::RoundUp)
         .split(query_blocki, query_blocki, query_blockii, 2, TailStrategy::GuardWithIf)
-        .reorder(key_in_block_x, query_blockii, query_in_blocki, query_blocki, headi, key_in_block_y, query_in_block, query_block, key_block, head, batch)
+        .reorder(key_in_block_x, query_blockii, query_in_blocki, query_blocki, batchi, key_in_block_y, query_in_block, query_block, key_block, head, batch)
         .gpu_blocks(batch)
         .gpu_blocks(head)
         .gpu_blocks(key_block)
-        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 8, TailStrategy::GuardWithIf)
         .gpu_threads(query_in_blocki)
-        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
-        .gpu_threads(headi);
+        .split(batchi, batchi_serial_outer, batchi, 8, TailStrategy::GuardWithIf)
+        .gpu_threads(batchi);
     block_max
         .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::RoundUp)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
         .compute_root()
-        .reorder(query_in_blocki, headi, query_in_block, query_block, key_block, head, batch)
+        .reorder(query_in_blocki, query_in_block, query_block, key_block, head, batch)
         .gpu_blocks(query_block)
         .gpu_blocks(key_block)
         .fuse(head, batch, head)
         .gpu_blocks(head)
         .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 32, TailStrategy::GuardWithIf)
-        .gpu_threads(query_in_blocki)
-        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
-        .gpu_threads(headi);
+        .gpu_threads(query_in_blocki);
     block_max.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::GuardWithIf)
-        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
-        .reorder(key_in_block_x, query_in_blocki, headi, query_in_block, key_in_block_y, query_block, key_block, head, batch)
+        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::RoundUp)
+        .reorder(key_in_block_x, query_in_blocki, query_in_block, key_in_block_y, query_block, key_block, head, batch)
         .gpu_blocks(batch)
         .gpu_blocks(head)
         .gpu_blocks(key_block)
         .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 32, TailStrategy::GuardWithIf)
-        .gpu_threads(query_in_blocki)
-        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
-        .gpu_threads(headi);
+        .gpu_threads(query_in_blocki);
+    key_is_real
+        .split(key, key, keyi, 16, TailStrategy::ShiftInwards)
+        .compute_root()
+        .reorder(keyi, key, batch)
+        .gpu_blocks(key)
+        .gpu_blocks(batch)
+        .split(keyi, keyi_serial_outer, keyi, 16, TailStrategy::GuardWithIf)
+        .gpu_threads(keyi);
     block_scores
         .split(key_in_chunk, key_in_chunk, key_in_chunki, 16, TailStrategy::RoundUp)
         .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)

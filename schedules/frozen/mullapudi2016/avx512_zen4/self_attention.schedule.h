@@ -46,39 +46,42 @@ inline void apply_schedule_attn_self_attention_mullapudi2016_avx512_zen4(
     RVar key_in_block$x_vo("key_in_block$x_vo");
     Var key_in_chunk_vi("key_in_chunk_vi");
     Var key_in_chunk_vo("key_in_chunk_vo");
+    Var key_vi("key_vi");
+    Var key_vo("key_vo");
     Var query_in_block_vi("query_in_block_vi");
     Var query_in_block_vo("query_in_block_vo");
     Var seq_vi("seq_vi");
     Var seq_vo("seq_vo");
 
-    Func block_context = pipeline.get_func(31);
-    Func block_exp = pipeline.get_func(23);
-    Func block_max = pipeline.get_func(22);
+    Func block_context = pipeline.get_func(32);
+    Func block_exp = pipeline.get_func(24);
+    Func block_max = pipeline.get_func(23);
     Func block_scores = pipeline.get_func(21);
-    Func block_sum = pipeline.get_func(32);
-    Func ctx = pipeline.get_func(34);
-    Func dense = pipeline.get_func(38);
+    Func block_sum = pipeline.get_func(33);
+    Func ctx = pipeline.get_func(35);
+    Func dense = pipeline.get_func(39);
     Func dot = pipeline.get_func(20);
     Func k = pipeline.get_func(11);
     Func k_heads = pipeline.get_func(12);
     Func k_product = pipeline.get_func(7);
     Func k_weight_t = pipeline.get_func(5);
     Func key_end = pipeline.get_func(9);
-    Func mean = pipeline.get_func(41);
-    Func projection = pipeline.get_func(37);
+    Func key_is_real = pipeline.get_func(22);
+    Func mean = pipeline.get_func(42);
+    Func projection = pipeline.get_func(38);
     Func q_heads = pipeline.get_func(19);
     Func q_product = pipeline.get_func(17);
     Func q_weight_t = pipeline.get_func(16);
-    Func running = pipeline.get_func(33);
-    Func sum = pipeline.get_func(40);
-    Func sum_sq_dev = pipeline.get_func(42);
-    Func v = pipeline.get_func(28);
-    Func v_heads = pipeline.get_func(29);
-    Func v_product = pipeline.get_func(27);
-    Func v_weight_t = pipeline.get_func(26);
-    Func variance = pipeline.get_func(43);
-    Func w_o_t = pipeline.get_func(36);
-    Func y_1 = pipeline.get_func(44);
+    Func running = pipeline.get_func(34);
+    Func sum = pipeline.get_func(41);
+    Func sum_sq_dev = pipeline.get_func(43);
+    Func v = pipeline.get_func(29);
+    Func v_heads = pipeline.get_func(30);
+    Func v_product = pipeline.get_func(28);
+    Func v_weight_t = pipeline.get_func(27);
+    Func variance = pipeline.get_func(44);
+    Func w_o_t = pipeline.get_func(37);
+    Func y_1 = pipeline.get_func(45);
 
     {
         Var head_dim = block_context.args()[0];
@@ -274,6 +277,16 @@ inline void apply_schedule_attn_self_attention_mullapudi2016_avx512_zen4(
             .parallel(batch);
         key_end.update(0)
             .parallel(batch);
+    }
+    {
+        Var key = key_is_real.args()[0];
+        Var batch = key_is_real.args()[1];
+        key_is_real
+            .compute_root()
+            .split(key, key_vo, key_vi, 64)
+            .vectorize(key_vi)
+            .parallel(batch)
+            .parallel(key_vo);
     }
     {
         Var seq = mean.args()[0];
