@@ -1,7 +1,7 @@
-// The schedule comparison's measuring side: every variant of the variant list, by stage
-// and for the fused layer, on the shared problem list, beside the OpenBLAS peers. Case
-// names are <stage>/<implementation>/<problem>, e.g.
-// self_attention/manual_avx2/b1_s128_h768_n12. Every case is checked against the
+// The schedule comparison's measuring side: every variant, for each stage's function
+// and the fused layer, on the shared problem list, beside the OpenBLAS peers. Case
+// names are <function>/<implementation>/<problem> (functions of manifest.json), e.g.
+// attention_layer/manual_avx2/b1_s128_h768_n12. Every case is checked against the
 // reference (DESIGN.md's accuracy rule) before it is timed, for every problem small
 // enough for the double reference; a wrong or refusing case is reported, not timed.
 //
@@ -13,9 +13,10 @@
 //            nominal 5 FLOPs per score), bytes (each input and output touched once) and
 //            the peak heap per iteration.
 // --candidate=LIBRARY:SUFFIX:ISA (repeatable) loads a shared library holding some of the
-// functions attn_<stage>_<SUFFIX> (tools/autotune.py's candidates), registers it as the
+// functions attn_<function>_<SUFFIX> (tools/autotune.py's candidates), registers it as the
 // variant candidate_<SUFFIX> and offers it beside the compiled variants.
-#include "kernels.h"  // the runtime's variant registration, for --candidate
+#include "attn/generated/manifest.h"
+#include "attn/internal.h"  // the runtime's variant registration, for --candidate
 #include "openblas_peers.h"
 #include "peak_memory.h"
 
@@ -57,16 +58,16 @@ struct Work {
     double flops = 0, bytes = 0;
 };
 
-Work work(const std::string &stage, const Problem &p) {
+Work work(const std::string &function, const Problem &p) {
     const double B = double(p.batch), Sq = double(p.s_q), Sk = double(p.s_k), H = double(p.hidden);
     const double heads = double(p.heads), f = 4;  // bytes per float
     const double qkv = 2 * B * (Sq + 2 * Sk) * H * H, attend = 2 * B * Sq * Sk * H, out = 2 * B * Sq * H * H;
     const double scores = B * heads * Sq * Sk;
-    if (stage == "qkv_projection") return {qkv, f * (B * Sq * H + B * Sk * H + 3 * H * H + B * (Sq + 2 * Sk) * H)};
-    if (stage == "attention_scores") return {attend, f * (B * Sq * H + B * Sk * H + scores)};
-    if (stage == "masked_softmax") return {5 * scores, f * 2 * scores};
-    if (stage == "weighted_sum") return {attend, f * (scores + B * Sk * H + B * Sq * H)};
-    if (stage == "output_layernorm") return {out, f * (3 * B * Sq * H + H * H)};
+    if (function == "qkv_projection") return {qkv, f * (B * Sq * H + B * Sk * H + 3 * H * H + B * (Sq + 2 * Sk) * H)};
+    if (function == "attention_scores") return {attend, f * (B * Sq * H + B * Sk * H + scores)};
+    if (function == "masked_softmax") return {5 * scores, f * 2 * scores};
+    if (function == "weighted_sum") return {attend, f * (scores + B * Sk * H + B * Sq * H)};
+    if (function == "output_layernorm") return {out, f * (3 * B * Sq * H + H * H)};
     return {qkv + 2 * attend + out, f * (2 * B * Sq * H + 4 * H * H)};  // the fused layer
 }
 
@@ -184,7 +185,8 @@ private:
     uintptr_t upload(const std::vector<T> &host) {
         auto buffer = std::make_shared<Halide::Runtime::Buffer<const T>>(host.data(), int(host.size()));
         buffer->set_host_dirty();
-        if (buffer->copy_to_device(halide_cuda_device_interface()) != 0) throw Error("bench", "copy to the device failed");
+        if (buffer->copy_to_device(halide_cuda_device_interface()) != 0)
+            throw Error("bench", "copy to the device failed");
         placed_.push_back({buffer, buffer->raw_buffer()});
         return static_cast<uintptr_t>(buffer->raw_buffer()->device);
     }
@@ -236,8 +238,10 @@ Prepared fused_layer(const VariantInfo &variant, const ListedProblem &lp) {
         MutableTensor y_view;
     };
     auto s = std::make_shared<State>(State{Attention(p.config(), f.data.weights(), variant.name),
-                                           Placement(variant), std::vector<float>(f.data.x.size()),
-                                           f.data.inputs(), {}});
+                                           Placement(variant),
+                                           std::vector<float>(f.data.x.size()),
+                                           f.data.inputs(),
+                                           {}});
     s->inputs.x = s->place.in(f.data.x, {p.batch, p.s_q, p.hidden});
     if (!f.data.mask.empty()) s->inputs.key_padding_mask = s->place.in(f.data.mask, {p.batch, p.s_k});
     s->y_view = s->place.out(s->y, {p.batch, p.s_q, p.hidden});
@@ -265,8 +269,8 @@ Prepared stage(const std::string &name, const VariantInfo &variant, const Listed
         MaskTensor mask;
         MutableTensor out_view, k_view, v_view;
     };
-    auto s = std::make_shared<State>(State{Placement(variant), std::vector<float>(scores_out ? f.scores.size()
-                                                                                              : f.data.x.size()),
+    auto s = std::make_shared<State>(State{Placement(variant),
+                                           std::vector<float>(scores_out ? f.scores.size() : f.data.x.size()),
                                            std::vector<float>(f.data.x.size()), std::vector<float>(f.data.x.size())});
     s->x_in = s->place.in(f.data.x, bsh);
     if (!f.data.mask.empty()) s->mask = s->place.in(f.data.mask, {p.batch, p.s_k});
@@ -335,15 +339,23 @@ Prepared openblas_stage(Gemms gemms, const ListedProblem &lp) {
     return {[ws, gemms, &f] { openblas_roofline(gemms, f.data, *ws); }};
 }
 
-// One benchmark case: <stage>/<implementation>/<problem>, made ready on demand.
+// One benchmark case: <function>/<implementation>/<problem>, made ready on demand.
 struct Case {
-    std::string name, stage;
+    std::string name, function;
     const ListedProblem *problem;
     std::function<Prepared()> prepare;
 };
 
-const char *const kStageNames[] = {"qkv_projection", "attention_scores", "masked_softmax", "weighted_sum",
-                                   "output_layernorm"};
+// The fused layer's function, timed on every problem; the stages' (the manifest's
+// functions of the other generators) are timed at short contexts.
+const char *const kLayerFunction = "attention_layer";
+std::vector<std::string> stage_functions() {
+    std::vector<std::string> names;
+    for (const manifest::Function &f : manifest::kFunctions) {
+        if (std::string(f.generator) != "attention_layer") names.push_back(f.name);
+    }
+    return names;
+}
 
 // Every case: each variant (OpenCL ones aside: they run the GPU schedules on PoCL in
 // CI, to check them; a CPU's OpenCL says nothing about a GPU) fused and by stage, and
@@ -358,16 +370,16 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
         if (v.device != "opencl") timed.push_back(&v);
     }
     std::vector<Case> cases;
-    auto add = [&](const std::string &stage_name, const std::string &impl, const ListedProblem &lp,
+    auto add = [&](const std::string &function, const std::string &impl, const ListedProblem &lp,
                    std::function<Prepared()> prepare) {
-        cases.push_back({stage_name + "/" + impl + "/" + lp.problem.name(), stage_name, &lp, std::move(prepare)});
+        cases.push_back({function + "/" + impl + "/" + lp.problem.name(), function, &lp, std::move(prepare)});
     };
     for (const ListedProblem &lp : testing::problem_list()) {
-        for (const VariantInfo *v : timed) add("self_attention", v->name, lp, [v, &lp] { return fused_layer(*v, lp); });
-        add("self_attention", "openblas_roofline", lp, [&lp] { return openblas_layer(true, lp); });
-        add("self_attention", "openblas_unfused", lp, [&lp] { return openblas_layer(false, lp); });
+        for (const VariantInfo *v : timed) add(kLayerFunction, v->name, lp, [v, &lp] { return fused_layer(*v, lp); });
+        add(kLayerFunction, "openblas_roofline", lp, [&lp] { return openblas_layer(true, lp); });
+        add(kLayerFunction, "openblas_unfused", lp, [&lp] { return openblas_layer(false, lp); });
         if (lp.problem.s_q > kLongestStageSeq) continue;
-        for (const char *name : kStageNames) {
+        for (const std::string &name : stage_functions()) {
             for (const VariantInfo *v : timed) {
                 add(name, v->name, lp, [name, v, &lp] { return stage(name, *v, lp); });
             }
@@ -386,12 +398,12 @@ void register_all(const std::vector<Case> &cases) {
             if (!prepared.error.empty()) return state.SkipWithError(prepared.error.c_str());
             if (prepared.max_error >= 0) state.counters["max_error"] = prepared.max_error;
             for (auto _ : state) prepared.run();
-            set_counters(state, work(c.stage, c.problem->problem));
+            set_counters(state, work(c.function, c.problem->problem));
         })->Unit(benchmark::kMillisecond);  // the report reads real_time (wall clock)
     }
 }
 
-// --candidate=LIBRARY:SUFFIX:ISA: the functions attn_<stage>_<SUFFIX> the library has.
+// --candidate=LIBRARY:SUFFIX:ISA: the functions attn_<function>_<SUFFIX> the library has.
 VariantInfo load_candidate(const std::string &spec) {
     const std::size_t first = spec.find(':'), last = spec.rfind(':');
     if (first == std::string::npos || first == last) {
@@ -400,29 +412,22 @@ VariantInfo load_candidate(const std::string &spec) {
     const std::string library = spec.substr(0, first), suffix = spec.substr(first + 1, last - first - 1);
     void *handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle) throw Error("--candidate", std::string("cannot load ") + library + ": " + dlerror());
-    detail::Kernels k{};
-    int found = 0;
-    auto bind = [&](auto &function, const char *stage) {
-        using Function = std::remove_reference_t<decltype(function)>;
-        function = reinterpret_cast<Function>(dlsym(handle, ("attn_" + std::string(stage) + "_" + suffix).c_str()));
-        found += function != nullptr;
-    };
-    bind(k.qkv_projection, "qkv_projection");
-    bind(k.attention_scores, "attention_scores");
-    bind(k.masked_softmax, "masked_softmax");
-    bind(k.weighted_sum, "weighted_sum");
-    bind(k.output_layernorm, "output_layernorm");
-    bind(k.self_attention, "self_attention");
-    bind(k.self_attention_probs, "self_attention_probs");
-    bind(k.cross_attention, "cross_attention");
-    bind(k.cross_attention_probs, "cross_attention_probs");
-    if (!found) throw Error("--candidate", library + " has no function attn_<stage>_" + suffix);
+    detail::FunctionTable functions;
+    for (const manifest::Function &f : manifest::kFunctions) {
+        const std::string symbol = "attn_" + std::string(f.name) + "_" + suffix;
+        detail::CompiledFunction compiled;
+        compiled.argv = reinterpret_cast<int (*)(void **)>(dlsym(handle, (symbol + "_argv").c_str()));
+        compiled.metadata =
+            reinterpret_cast<const halide_filter_metadata_t *(*)()>(dlsym(handle, (symbol + "_metadata").c_str()));
+        if (compiled.argv && compiled.metadata) functions[f.name] = {compiled};
+    }
+    if (functions.empty()) throw Error("--candidate", library + " has no function attn_<function>_" + suffix);
     VariantInfo info;
     info.name = "candidate_" + suffix;
     info.schedule = "candidate";
     info.isa = spec.substr(last + 1);
     info.target = library;
-    return detail::register_variant(info, k);
+    return detail::register_variant(info, functions);
 }
 
 std::string cpu_model() {
@@ -442,26 +447,36 @@ nlohmann::json problems_json() {
         nlohmann::json lengths = nlohmann::json::array();
         for (int64_t b = 0; b < p.batch; ++b) {
             int64_t real = p.s_k;
-            if (!data.mask.empty()) real = std::count(data.mask.begin() + b * p.s_k, data.mask.begin() + (b + 1) * p.s_k, 1);
+            if (!data.mask.empty())
+                real = std::count(data.mask.begin() + b * p.s_k, data.mask.begin() + (b + 1) * p.s_k, 1);
             lengths.push_back(real);
         }
-        list.push_back({{"name", p.name()}, {"model", lp.model}, {"batch", p.batch}, {"s_q", p.s_q}, {"s_k", p.s_k},
-                        {"hidden", p.hidden}, {"heads", p.heads}, {"causal", p.causal},
-                        {"reference_checked", lp.reference_checked}, {"lengths", lengths},
-                        {"gflop", work("self_attention", p).flops * 1e-9}});
+        list.push_back({{"name", p.name()},
+                        {"model", lp.model},
+                        {"batch", p.batch},
+                        {"s_q", p.s_q},
+                        {"s_k", p.s_k},
+                        {"hidden", p.hidden},
+                        {"heads", p.heads},
+                        {"causal", p.causal},
+                        {"reference_checked", lp.reference_checked},
+                        {"lengths", lengths},
+                        {"gflop", work(kLayerFunction, p).flops * 1e-9}});
     }
     return list;
 }
 
 nlohmann::json context_json() {
-    return {{"cpu_model", cpu_model()},       {"num_cpus", std::thread::hardware_concurrency()},
-            {"halide", "21.0.0"},             {"openblas", openblas_get_config()},
+    return {{"cpu_model", cpu_model()},
+            {"num_cpus", std::thread::hardware_concurrency()},
+            {"halide", "21.0.0"},
+            {"openblas", openblas_get_config()},
             {"selected_variant", select_variant().name}};
 }
 
 // --serve: the measuring side of the interleaved comparison (bench/compare.py). Reads
 // one command per line on stdin and answers each with one JSON line on stdout:
-//   list                  {"context", "problems", "cases": [{"name", "stage", "problem", "gflop"}]}
+//   list                  {"context", "problems", "cases": [{"name", "function", "problem", "gflop"}]}
 //   prepare <case>        makes the case ready (first run, checked against the reference, and the
 //                         peak heap of a second run): {"name", "ok", "error", "max_error", "peak_bytes"}
 //   time <case> <seconds> runs a prepared case for at least that long (at least once):
@@ -482,8 +497,10 @@ int serve(const std::vector<Case> &cases) {
             if (command == "list") {
                 nlohmann::json listed = nlohmann::json::array();
                 for (const Case &c : cases) {
-                    listed.push_back({{"name", c.name}, {"stage", c.stage}, {"problem", c.problem->problem.name()},
-                                      {"gflop", work(c.stage, c.problem->problem).flops * 1e-9}});
+                    listed.push_back({{"name", c.name},
+                                      {"function", c.function},
+                                      {"problem", c.problem->problem.name()},
+                                      {"gflop", work(c.function, c.problem->problem).flops * 1e-9}});
                 }
                 reply({{"context", context_json()}, {"problems", problems_json()}, {"cases", listed}});
             } else if (command == "prepare") {

@@ -2,7 +2,7 @@
 """The schedule comparison, interleaved: every variant and every peer of a problem timed
 in the same rounds, so that they see the same machine.
 
-For each problem and stage (the fused layer, then each stage alone at short contexts),
+For each problem and function (the fused layer, then each stage's function alone at short contexts),
 every implementation is made ready and checked against the reference: the variants and
 the OpenBLAS peers by attn_bench (--serve, a long-lived worker process this script
 drives), PyTorch and ONNX Runtime here (bench/peers.py). Then come --rounds rounds; in
@@ -137,12 +137,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bench", default="build/release/bench/attn_bench", help="the attn_bench executable")
     parser.add_argument("--out", default="bench/results", help="folder for comparison.json, .md and .png")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds per problem and stage (at least 5)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per problem and function (at least 5)")
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds per sample (at least one run)")
     parser.add_argument("--pause", type=float, default=0.02, help="seconds between two samples")
     parser.add_argument("--candidate", action="append", default=[], metavar="LIBRARY:SUFFIX:ISA",
                         help="also time a compiled candidate (tools/autotune.py's), as candidate_SUFFIX")
-    parser.add_argument("--filter", default=".", help="regex on <stage>/<implementation>/<problem>")
+    parser.add_argument("--filter", default=".", help="regex on <function>/<implementation>/<problem>")
     parser.add_argument("--exclude", default=DEFAULT_EXCLUDE, help="regex of cases left out (default: the "
                         "autoscheduled variants at S >= 4096, which take up to a minute per call)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -181,24 +181,24 @@ def main():
     problems, groups = [], []
     started = time.monotonic()
     for p in listing["problems"]:
-        by_stage = {}
+        by_function = {}
         for c in cases:
             if c["problem"] == p["name"]:
-                by_stage.setdefault(c["stage"], []).append(WorkerCase(worker, c))
-        fused_peers = [peer for peer in peers if wanted(f"self_attention/{peer.name}/{p['name']}")]
+                by_function.setdefault(c["function"], []).append(WorkerCase(worker, c))
+        fused_peers = [peer for peer in peers if wanted(f"{report.LAYER}/{peer.name}/{p['name']}")]
         if fused_peers:
             data = peer_lib.make_inputs(p)
             expected = peer_lib.numpy_layer(p, data) if p["reference_checked"] else None
-            by_stage.setdefault("self_attention", []).extend(
+            by_function.setdefault(report.LAYER, []).extend(
                 PythonPeer(peer, p, data, expected) for peer in fused_peers)
-        if not by_stage:
+        if not by_function:
             continue
         problems.append(p)
-        for stage, impls in by_stage.items():
-            print(f"compare: {stage}/{p['name']}: {len(impls)} implementations, {args.rounds} rounds "
+        for function, impls in by_function.items():
+            print(f"compare: {function}/{p['name']}: {len(impls)} implementations, {args.rounds} rounds "
                   f"({time.monotonic() - started:.0f} s so far)", file=sys.stderr)
             results, orders = measure_group(impls, args.rounds, args.min_time, args.pause)
-            groups.append({"stage": stage, "problem": p["name"], "impls": results, "orders": orders})
+            groups.append({"function": function, "problem": p["name"], "impls": results, "orders": orders})
         worker.ask("release")
     worker.close()
 

@@ -28,22 +28,22 @@ void linear(const float *in, int64_t rows, int64_t hidden, const float *weight, 
         for (int64_t r = 0; r < rows; ++r) std::copy(bias, bias + hidden, out + r * hidden);
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(hidden), int(hidden), 1.0f, in,
-                int(hidden), weight, int(hidden), beta, out, int(hidden));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(hidden), int(hidden), 1.0f, in, int(hidden),
+                weight, int(hidden), beta, out, int(hidden));
 }
 
 // scores[S_q, S_k] = alpha · Q_bh · K_bhᵀ, rows of Q and K strided by H.
 void head_scores(const Problem &p, const float *q, const float *k, float alpha, float *scores) {
     const int d = int(p.hidden / p.heads), ld = int(p.hidden);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(p.s_q), int(p.s_k), d, alpha, q, ld, k, ld, 0.0f,
-                scores, int(p.s_k));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(p.s_q), int(p.s_k), d, alpha, q, ld, k, ld, 0.0f, scores,
+                int(p.s_k));
 }
 
 // ctx_bh[S_q, d] = P[S_q, S_k] · V_bh[S_k, d], written into the [S_q, H] rows of ctx.
 void head_context(const Problem &p, const float *probs, const float *v, float *ctx) {
     const int d = int(p.hidden / p.heads), ld = int(p.hidden);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(p.s_q), d, int(p.s_k), 1.0f, probs, int(p.s_k), v,
-                ld, 0.0f, ctx, ld);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(p.s_q), d, int(p.s_k), 1.0f, probs, int(p.s_k), v, ld,
+                0.0f, ctx, ld);
 }
 
 template <typename PerHead>
@@ -69,8 +69,10 @@ void openblas_roofline(Gemms which, const LayerData &data, BlasWorkspace &ws) {
     }
     if (all || which == Gemms::attention_scores || which == Gemms::weighted_sum) {
         for_each_head(p, [&](int64_t, int64_t, int64_t q_off, int64_t kv_off) {
-            if (which != Gemms::weighted_sum) head_scores(p, ws.q.data() + q_off, ws.k.data() + kv_off, 1.0f, ws.scores.data());
-            if (which != Gemms::attention_scores) head_context(p, ws.scores.data(), ws.v.data() + kv_off, ws.ctx.data() + q_off);
+            if (which != Gemms::weighted_sum)
+                head_scores(p, ws.q.data() + q_off, ws.k.data() + kv_off, 1.0f, ws.scores.data());
+            if (which != Gemms::attention_scores)
+                head_context(p, ws.scores.data(), ws.v.data() + kv_off, ws.ctx.data() + q_off);
         });
     }
     if (all || which == Gemms::output_projection) {

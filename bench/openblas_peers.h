@@ -1,7 +1,7 @@
 // The OpenBLAS peers of the comparison: what a user would otherwise write.
 #pragma once
 
-#include "support/problem.h"
+#include "problems/problem.h"
 
 #include <vector>
 

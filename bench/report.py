@@ -17,12 +17,25 @@ import argparse
 import json
 import math
 import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tools"))
+import manifest  # noqa: E402
 
 ROOFLINES = ("openblas_roofline", "cublas_roofline")
 # Peers held to float32 accuracy; pytorch_sdpa_bf16 is shown beside them, not ranked.
 FP32_PEERS = ("openblas_unfused", "onnxruntime", "pytorch", "pytorch_eager", "pytorch_sdpa")
-AUTOSCHEDULERS = ("mullapudi2016", "adams2019", "li2018", "anderson2021")
-STAGES = ("qkv_projection", "attention_scores", "masked_softmax", "weighted_sum", "output_layernorm")
+_MANIFEST = manifest.load()
+AUTOSCHEDULERS = tuple(_MANIFEST.autoschedulers())
+STAGES = tuple(_MANIFEST.stage_functions())  # each stage's function
+LAYER = "attention_layer"  # the fused layer's function, as attn_bench names its cases
+
+
+def group_function(group):
+    """The function a group of the comparison timed (results before the manifest said
+    "stage", and self_attention for the fused layer)."""
+    function = group.get("function", group.get("stage"))
+    return LAYER if function == "self_attention" else function
 
 
 def median(xs):
@@ -106,7 +119,7 @@ def fused_summary(doc, groups):
     out = ["| problem | model | roofline ms | best variant | ms | x roofline | best peer | ms | "
            "speedup vs best peer |", "|---|---|---|---|---|---|---|---|---|"]
     for p in doc["problems"]:
-        group = groups.get(("self_attention", p["name"]))
+        group = groups.get((LAYER, p["name"]))
         if not group:
             continue
         impl, ms = best_variant(group)
@@ -147,8 +160,8 @@ def autotuned_section(doc, groups):
     """Autotuned vs the hand-written default and the best autoscheduler of the same ISA, paired."""
     rows = []
     for p in doc["problems"]:
-        for stage in ("self_attention",) + STAGES:
-            group = groups.get((stage, p["name"]))
+        for function in (LAYER,) + STAGES:
+            group = groups.get((function, p["name"]))
             if not group:
                 continue
             times = timed(group)
@@ -158,7 +171,7 @@ def autotuned_section(doc, groups):
                 isa = isa_of(impl)
                 autos = {a: times[f"{a}_{isa}"] for a in AUTOSCHEDULERS if f"{a}_{isa}" in times}
                 auto = min(autos, key=autos.get) if autos else None
-                rows.append(f"| {p['name']} | {stage} | {isa} | {times[impl]:.3f} | "
+                rows.append(f"| {p['name']} | {function} | {isa} | {times[impl]:.3f} | "
                             f"{ratio(group, 'manual_' + isa, impl) or '-'} | "
                             f"{auto or '-'} | {ratio(group, f'{auto}_{isa}', impl) if auto else '-'} |")
     if not rows:
@@ -187,13 +200,13 @@ def stages_section(doc, groups):
 
 def markdown(doc):
     c = doc["context"]
-    groups = {(g["stage"], g["problem"]): g["impls"] for g in doc["groups"]}
+    groups = {(group_function(g), g["problem"]): g["impls"] for g in doc["groups"]}
     peers = ", ".join(f"{name} {version}" for name, version in c.get("peers", {}).items())
     out = ["# Schedule comparison", "",
            f"Machine: {c.get('cpu_model', '?')}, {c.get('num_cpus', '?')} cores ({c.get('host_name', '?')}), "
            f"{c.get('date', '?')}; Halide {c.get('halide', '?')}, {c.get('openblas', 'OpenBLAS ?')}; {peers}.",
            "",
-           f"Interleaved: for each problem and stage, {c.get('rounds')} rounds in which every implementation ran "
+           f"Interleaved: for each problem and function, {c.get('rounds')} rounds in which every implementation ran "
            f"for at least {c.get('min_time')} s, in an order rotating by one per round. Times are medians over "
            "the rounds; \"spread %\" is (max - min) / median over them. Ratios are paired (taken within each "
            "round): median [confidence interval of the median, at least 90%]; ≈ marks a ratio whose interval "
@@ -203,8 +216,8 @@ def markdown(doc):
     out += fused_summary(doc, groups)
     out += ["", "## Fused layer: every variant and peer", ""]
     for p in doc["problems"]:
-        if ("self_attention", p["name"]) in groups:
-            out += fused_detail(p, groups[("self_attention", p["name"])])
+        if (LAYER, p["name"]) in groups:
+            out += fused_detail(p, groups[(LAYER, p["name"])])
     out += autotuned_section(doc, groups)
     out += stages_section(doc, groups)
     return "\n".join(out) + "\n"
@@ -218,7 +231,7 @@ def chart(doc, path):
 
     families = ["autotuned", "manual", *AUTOSCHEDULERS, "openblas_unfused", "onnxruntime", "pytorch",
                 "pytorch_eager", "pytorch_sdpa"]
-    groups = {g["problem"]: g["impls"] for g in doc["groups"] if g["stage"] == "self_attention"}
+    groups = {g["problem"]: g["impls"] for g in doc["groups"] if group_function(g) == LAYER}
     names = [p["name"] for p in doc["problems"] if p["name"] in groups]
     shown = [f for f in families if any(i == f or i.startswith(f + "_") for g in groups.values() for i in timed(g))]
     fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(names)), 5))

@@ -85,13 +85,14 @@ CheckpointLayer load_bert_layer(const std::string &model_path, std::optional<int
             if (fs::exists(dir / "model.safetensors.index.json", ec)) {
                 throw Error(kModelArg, "directory " + model_path +
                                            " holds a sharded checkpoint (model.safetensors.index.json): pass the "
-                                           "shard that holds the layer, --model " + model_path +
-                                           "/<shard>.safetensors (the index's weight_map names it)");
+                                           "shard that holds the layer, --model " +
+                                           model_path + "/<shard>.safetensors (the index's weight_map names it)");
             }
             if (fs::exists(dir / "pytorch_model.bin", ec)) {
-                throw Error(kModelArg, "directory " + model_path +
-                                           " holds pytorch_model.bin (a PyTorch pickle), which attn does not read; "
-                                           "save the model as safetensors (save_pretrained(dir, safe_serialization=True))");
+                throw Error(kModelArg,
+                            "directory " + model_path +
+                                " holds pytorch_model.bin (a PyTorch pickle), which attn does not read; "
+                                "save the model as safetensors (save_pretrained(dir, safe_serialization=True))");
             }
             throw Error(kModelArg, "directory " + model_path + " has no model.safetensors");
         }
@@ -121,11 +122,11 @@ CheckpointLayer load_bert_layer(const std::string &model_path, std::optional<int
                                        " holds one attention layer without a layer number (" +
                                        quoted_list(modules.at(kNoIndex)) + "); leave --layer out");
         }
-        const std::string range = std::to_string(modules.upper_bound(kNoIndex)->first) + " to " +
-                                  std::to_string(modules.rbegin()->first);
+        const std::string range =
+            std::to_string(modules.upper_bound(kNoIndex)->first) + " to " + std::to_string(modules.rbegin()->first);
         if (!layer) {
-            throw Error(kModelArg, out.safetensors_path + " has no layer 0 (its layers are " + range +
-                                       "): name one with --layer");
+            throw Error(kModelArg,
+                        out.safetensors_path + " has no layer 0 (its layers are " + range + "): name one with --layer");
         }
         throw Error("--layer", std::to_string(wanted) + " is not in the checkpoint, which has layers " + range);
     }

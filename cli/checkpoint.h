@@ -29,7 +29,7 @@ struct CheckpointLayer {
 // `layer` picks layer N (default 0) of a model or encoder; a checkpoint of one layer or
 // one attention module has no layer numbers and takes none. `heads` and `eps` override
 // config.json; without either, loading fails naming --heads.
-CheckpointLayer load_bert_layer(const std::string &model_path, std::optional<int> layer,
-                                std::optional<int64_t> heads, std::optional<float> eps);
+CheckpointLayer load_bert_layer(const std::string &model_path, std::optional<int> layer, std::optional<int64_t> heads,
+                                std::optional<float> eps);
 
 }  // namespace attn::cli

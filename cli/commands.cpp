@@ -1,6 +1,8 @@
 // `attn variants`, `attn run` and `attn heatmap`.
 #include "commands.h"
 
+#include "attn/generated/manifest.h"
+
 #include "checkpoint.h"
 #include "heatmap.h"
 #include "npy.h"
@@ -9,8 +11,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 namespace attn::cli {
@@ -44,6 +46,8 @@ int list_variants(const VariantsOptions &options) {
                             {"isa", v.isa},
                             {"target", v.target},
                             {"device", v.device},
+                            {"functions", v.functions},
+                            {"bitwise_reproducible", v.bitwise_reproducible},
                             {"runnable", v.runnable},
                             {"not_runnable_reason", v.not_runnable_reason}});
         }
@@ -57,6 +61,13 @@ int list_variants(const VariantsOptions &options) {
     }
     for (const VariantInfo &v : variants()) {
         if (!v.runnable) std::printf("  %s does not run here: %s\n", v.name.c_str(), v.not_runnable_reason.c_str());
+    }
+    for (const VariantInfo &v : variants()) {
+        const std::size_t all = std::size(manifest::kFunctions);
+        if (v.functions.size() < all) {
+            std::printf("  %s provides %zu of the %zu functions (see not_provided in manifest.json)\n", v.name.c_str(),
+                        v.functions.size(), all);
+        }
     }
     std::printf("\nselected on this machine: %s\n", select_variant().name.c_str());
     return 0;
@@ -101,12 +112,13 @@ int run_layer(const RunOptions &options) {
 
     write_npy(options.output, x_array.shape, y, "--output");
     if (!options.probs.empty()) write_npy(options.probs, probs_shape, probs, "--probs");
-    std::printf("%s: %s, %lld heads, eps %g%s%s, variant %s: x %s -> %s in %.3f ms\n",
-                checkpoint.prefix.empty() ? "attention" : checkpoint.prefix.substr(0, checkpoint.prefix.size() - 1).c_str(),
-                checkpoint.safetensors_path.c_str(),
-                static_cast<long long>(checkpoint.config.num_heads), double(checkpoint.config.layer_norm_eps),
-                options.causal ? ", causal" : "", options.mask.empty() ? "" : ", key padding mask",
-                layer.variant().name.c_str(), x_array.shape_string().c_str(), options.output.c_str(), ms);
+    std::printf(
+        "%s: %s, %lld heads, eps %g%s%s, variant %s: x %s -> %s in %.3f ms\n",
+        checkpoint.prefix.empty() ? "attention" : checkpoint.prefix.substr(0, checkpoint.prefix.size() - 1).c_str(),
+        checkpoint.safetensors_path.c_str(), static_cast<long long>(checkpoint.config.num_heads),
+        double(checkpoint.config.layer_norm_eps), options.causal ? ", causal" : "",
+        options.mask.empty() ? "" : ", key padding mask", layer.variant().name.c_str(), x_array.shape_string().c_str(),
+        options.output.c_str(), ms);
     return 0;
 }
 

@@ -2,7 +2,7 @@
 // BERT-base layer (B=1, S=128, H=768, 12 heads, padded), each checked against the
 // double reference, timed, and tabulated.
 #include "commands.h"
-#include "support/problem.h"
+#include "problems/problem.h"
 
 #include <algorithm>
 #include <chrono>
@@ -117,8 +117,8 @@ int compare_variants(const BenchOptions &options) {
             continue;
         }
         const double ms = median(r.ms);
-        const double spread = 100 * (*std::max_element(r.ms.begin(), r.ms.end()) -
-                                     *std::min_element(r.ms.begin(), r.ms.end())) / ms;
+        const double spread =
+            100 * (*std::max_element(r.ms.begin(), r.ms.end()) - *std::min_element(r.ms.begin(), r.ms.end())) / ms;
         std::vector<double> ratios;
         for (std::size_t i = 0; i < r.ms.size(); ++i) ratios.push_back(r.ms[i] / best->ms[i]);
         const auto [lo, hi] = median_interval(ratios);
@@ -129,13 +129,15 @@ int compare_variants(const BenchOptions &options) {
                     r.tolerance, ms, spread, &r == best ? "best" : vs);
     }
     for (const Row &r : rows) {
-        if (!r.skip_reason.empty()) std::printf("  %s %s: %s\n", r.name.c_str(), r.status.c_str(), r.skip_reason.c_str());
+        if (!r.skip_reason.empty())
+            std::printf("  %s %s: %s\n", r.name.c_str(), r.status.c_str(), r.skip_reason.c_str());
     }
-    std::printf("\nTimes are medians over the rounds; spread is (max - min) / median. \"vs best\" is time / the\n"
-                "fastest CPU variant's time, taken round by round: the median, and in brackets an interval\n"
-                "holding the median with at least 90%% confidence. GPU variants are given host memory here, so\n"
-                "their times include the copies to and from the device (tools/gpu_machine.sh bench times them on\n"
-                "device memory); OpenCL variants run on this machine's OpenCL, which may be a CPU (PoCL).\n");
+    std::printf(
+        "\nTimes are medians over the rounds; spread is (max - min) / median. \"vs best\" is time / the\n"
+        "fastest CPU variant's time, taken round by round: the median, and in brackets an interval\n"
+        "holding the median with at least 90%% confidence. GPU variants are given host memory here, so\n"
+        "their times include the copies to and from the device (tools/gpu_machine.sh bench times them on\n"
+        "device memory); OpenCL variants run on this machine's OpenCL, which may be a CPU (PoCL).\n");
     std::printf("\nselected on this machine: %s\n", select_variant().name.c_str());
     return all_ok ? 0 : 1;
 }

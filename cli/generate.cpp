@@ -4,6 +4,7 @@
 #include "commands.h"
 
 #include "attn/attention.h"
+#include "attn/generated/manifest.h"
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -20,8 +22,8 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <thread>
 #include <set>
+#include <thread>
 #include <vector>
 
 extern char **environ;
@@ -29,15 +31,6 @@ extern char **environ;
 namespace attn::cli {
 namespace fs = std::filesystem;
 namespace {
-
-struct Stage {
-    const char *function, *generator, *params;  // params: comma-separated generator params
-};
-constexpr Stage kStages[] = {
-#define ATTN_STAGE(function, generator, params) {function, generator, params},
-#include "attn/generated/stages.inc"
-#undef ATTN_STAGE
-};
 
 fs::path executable_dir() {
     std::error_code ec;
@@ -110,6 +103,11 @@ std::optional<std::pair<std::string, int>> run_jobs(const std::vector<Job> &jobs
     return failure;
 }
 
+std::string lower(std::string s) {
+    for (char &c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
 std::string c_identifier(const std::string &s) {
     std::string out;
     for (char c : s) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
@@ -119,16 +117,18 @@ std::string c_identifier(const std::string &s) {
 }  // namespace
 
 int generate_libraries(const GenerateOptions &options) {
-    std::set<std::string> schedules;
-    // Autotuned parameters belong to one ISA: generate those with --schedule manual and
-    // the parameters of schedules/autotuned/<isa>/<function>.json.
-    for (const VariantInfo &v : variants()) {
-        if (v.schedule != "autotuned") schedules.insert(v.schedule);
+    // Hand-written, frozen and in-process sources; tuned parameters belong to one ISA:
+    // generate those with --schedule manual and the parameters of
+    // schedules/autotuned/<isa>/<function>.json.
+    std::string known;
+    const manifest::ScheduleSource *source = nullptr;
+    for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
+        if (std::string(s.kind) == "tuned") continue;
+        known += (known.empty() ? "" : ", ") + std::string(s.name);
+        if (options.schedule == s.name) source = &s;
     }
-    if (!schedules.count(options.schedule)) {
-        std::string known;
-        for (const std::string &s : schedules) known += (known.empty() ? "" : ", ") + s;
-        throw Error("--schedule", "unknown schedule source '" + options.schedule + "'; this build has " + known);
+    if (!source) {
+        throw Error("--schedule", "unknown schedule source '" + options.schedule + "'; manifest.json has " + known);
     }
     if (options.target.empty()) throw Error("--target", "empty; give a Halide target such as arm-64-linux");
     const std::string generator = find_generator(options.generator);
@@ -144,14 +144,18 @@ int generate_libraries(const GenerateOptions &options) {
                                {"runtime", "attn_halide_runtime.a"},
                                {"functions", nlohmann::json::array()}};
     std::vector<Job> jobs;
-    for (const Stage &stage : kStages) {
-        const std::string function = std::string("attn_") + stage.function + "_" + options.schedule + "_" + suffix;
+    for (const manifest::Function &f : manifest::kFunctions) {
+        const std::string function = std::string("attn_") + f.name + "_" + options.schedule + "_" + suffix;
         // Each function without its own runtime: they share attn_halide_runtime.a.
         Job job{function,
-                {generator, "-g", stage.generator, "-f", function, "-o", options.out, "-e", "static_library,c_header",
-                 "target=" + options.target + "-no_runtime", "schedule=" + options.schedule}};
-        if (options.schedule == "li2018") job.args.insert(job.args.begin() + 1, {"-p", ATTN_LI2018_PLUGIN});
-        const std::string params = stage.params;
+                {generator, "-g", f.generator, "-f", function, "-o", options.out, "-e", "static_library,c_header",
+                 "target=" + options.target + "-no_runtime", "schedule=" + options.schedule,
+                 std::string("function=") + f.name}};
+        if (std::string(source->kind) == "in-process") {
+            job.args.insert(job.args.begin() + 1,
+                            {"-p", ATTN_PLUGIN_DIR "/libautoschedule_" + lower(source->autoscheduler) + ".so"});
+        }
+        const std::string params = f.params;
         for (std::size_t start = 0; start < params.size();) {
             const std::size_t comma = std::min(params.find(',', start), params.size());
             job.args.push_back(params.substr(start, comma - start));
@@ -175,7 +179,7 @@ int generate_libraries(const GenerateOptions &options) {
     }
     std::ofstream(fs::path(options.out) / "manifest.json") << manifest.dump(2) << "\n";
     std::printf("wrote %zu libraries, their headers, attn_halide_runtime.a and manifest.json to %s\n",
-                std::size(kStages), options.out.c_str());
+                std::size(manifest::kFunctions), options.out.c_str());
     return 0;
 }
 

@@ -25,9 +25,10 @@ int main(int argc, char **argv) {
     RunOptions run;
     auto *run_cmd = app.add_subcommand("run", "Run one self-attention layer of a BERT checkpoint on x.npy");
     run_cmd->add_option("--model", run.model, "model.safetensors, or a directory with it and config.json")->required();
-    run_cmd->add_option("--layer", run.layer,
-                        "encoder layer N (tensors [<name>.]encoder.layer.N.*; default 0); leave out for a checkpoint "
-                        "of one layer")
+    run_cmd
+        ->add_option("--layer", run.layer,
+                     "encoder layer N (tensors [<name>.]encoder.layer.N.*; default 0); leave out for a checkpoint "
+                     "of one layer")
         ->check(CLI::NonNegativeNumber);
     run_cmd->add_option("--input", run.input, "x: float32 [batch, seq, hidden] .npy")->required();
     run_cmd->add_option("--mask", run.mask, "key padding mask [batch, seq] .npy of 0/1 (bool, integer or float)");
@@ -57,7 +58,8 @@ int main(int argc, char **argv) {
     generate_cmd->add_option("--target", generate.target, "Halide target, e.g. x86-64-linux-avx2-fma, arm-64-linux")
         ->required();
     generate_cmd
-        ->add_option("--schedule", generate.schedule, "schedule source: manual, mullapudi2016, adams2019, li2018")
+        ->add_option("--schedule", generate.schedule,
+                     "schedule source: manual (hand-written) or an autoscheduler's (attn variants lists them)")
         ->required();
     generate_cmd->add_option("--out", generate.out, "output directory")->required();
     generate_cmd->add_option("--generator", generate.generator,
@@ -72,7 +74,9 @@ int main(int argc, char **argv) {
         app.add_subcommand("bench", "Run every variant on a problem, check it against the reference, time it");
     bench_cmd->add_option("--problem", bench.problem, "benchmark problem: " + benchmark_problem_names());
     bench_cmd->add_option("--variants", bench.variants, "only variants whose name matches this regular expression");
-    bench_cmd->add_option("--rounds,--repetitions", bench.repetitions, "interleaved rounds, each timing every variant once (medians reported)")
+    bench_cmd
+        ->add_option("--rounds,--repetitions", bench.repetitions,
+                     "interleaved rounds, each timing every variant once (medians reported)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
 

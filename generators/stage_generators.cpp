@@ -1,7 +1,7 @@
-// One generator per stage of the layer, each the algorithm of attention_algorithm.h
+// One generator per stage of the layer, each the algorithm of algorithm/attention_algorithm.h
 // applied to buffers. Comments give each buffer's Halide dimension order (innermost
 // first) and the PyTorch shape it is a view of.
-#include "stage_generator.h"
+#include "attention_generator.h"
 
 namespace attn_gen {
 
@@ -9,16 +9,14 @@ using namespace Halide;
 
 // Q = x_q·W_qᵀ + b_q, K = x_kv·W_kᵀ + b_k, V = x_kv·W_vᵀ + b_v. Self-attention passes
 // the same buffer as x_q and x_kv.
-class QkvProjection : public StageGenerator<QkvProjection> {
+class QkvProjection : public AttentionGenerator<QkvProjection> {
 public:
-    Input<Buffer<float, 3>> x_q{"x_q"};    // (hidden, seq_q, batch) = [B, S_q, H]
-    Input<Buffer<float, 3>> x_kv{"x_kv"};  // (hidden, seq_k, batch) = [B, S_k, H]
+    Input<Buffer<float, 3>> x_q{"x_q"};                          // (hidden, seq_q, batch) = [B, S_q, H]
+    Input<Buffer<float, 3>> x_kv{"x_kv"};                        // (hidden, seq_k, batch) = [B, S_k, H]
     Input<Buffer<float, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"};  // (in, out) = [H_out, H_in]
     Input<Buffer<float, 1>> b_q{"b_q"}, b_k{"b_k"}, b_v{"b_v"};  // [H]
-    Output<Buffer<float, 3>> q{"q"};          // (hidden, seq_q, batch)
-    Output<Buffer<float, 3>> k{"k"}, v{"v"};  // (hidden, seq_k, batch)
-
-    std::string stage_name() const { return "qkv_projection"; }
+    Output<Buffer<float, 3>> q{"q"};                             // (hidden, seq_q, batch)
+    Output<Buffer<float, 3>> k{"k"}, v{"v"};                     // (hidden, seq_k, batch)
 
     void generate() {
         Expr hidden = x_q.dim(0).extent(), s_q = x_q.dim(1).extent(), s_k = x_kv.dim(1).extent();
@@ -38,9 +36,7 @@ public:
         estimate_activation(v);
     }
 
-    void schedule_manual_cpu() {
-        attn_sched::schedule_qkv_projection_cpu(q_, k_, v_, this->tiling(), get_target());
-    }
+    void schedule_manual_cpu() { attn_sched::schedule_qkv_projection_cpu(q_, k_, v_, this->tiling(), get_target()); }
 
     void schedule_manual_gpu() { attn_sched::schedule_qkv_projection_gpu(q_, k_, v_); }
 
@@ -49,7 +45,7 @@ private:
 };
 
 // scores = Q·Kᵀ / √d + bias, per head.
-class AttentionScores : public StageGenerator<AttentionScores> {
+class AttentionScores : public AttentionGenerator<AttentionScores> {
 public:
     Input<Buffer<float, 3>> q{"q"};        // (hidden, seq_q, batch) = [B, S_q, H]
     Input<Buffer<float, 3>> k{"k"};        // (hidden, seq_k, batch) = [B, S_k, H]
@@ -57,12 +53,10 @@ public:
     Input<int> heads{"heads", 12, 1, 4096};
     Output<Buffer<float, 4>> scores{"scores"};  // (key, query, head, batch)
 
-    std::string stage_name() const { return "attention_scores"; }
-
     void generate() {
         Expr head_dim = q.dim(0).extent() / heads;
-        scores_ = scaled_scores(split_heads("q_heads", q, head_dim), split_heads("k_heads", k, head_dim),
-                                bias, head_dim, q.dim(1).extent(), k.dim(1).extent());
+        scores_ = scaled_scores(split_heads("q_heads", q, head_dim), split_heads("k_heads", k, head_dim), bias,
+                                head_dim, q.dim(1).extent(), k.dim(1).extent());
         scores = scores_.scores;
 
         estimate_activation(q);
@@ -72,9 +66,7 @@ public:
         scores.set_estimates(score_estimate());
     }
 
-    void schedule_manual_cpu() {
-        attn_sched::schedule_attention_scores_cpu(scores_, this->tiling(), get_target());
-    }
+    void schedule_manual_cpu() { attn_sched::schedule_attention_scores_cpu(scores_, this->tiling(), get_target()); }
 
     void schedule_manual_gpu() { attn_sched::schedule_attention_scores_gpu(scores_); }
 
@@ -83,18 +75,15 @@ private:
 };
 
 // probs = softmax over keys of the scores, with the key padding mask and causal mask.
-class MaskedSoftmaxStage : public StageGenerator<MaskedSoftmaxStage> {
+class MaskedSoftmaxStage : public AttentionGenerator<MaskedSoftmaxStage> {
 public:
-    Input<Buffer<float, 4>> scores{"scores"};                    // (key, query, head, batch)
+    Input<Buffer<float, 4>> scores{"scores"};                        // (key, query, head, batch)
     Input<Buffer<uint8_t, 2>> key_padding_mask{"key_padding_mask"};  // (key, batch) = [B, S_k]; 1 = real token
     Input<bool> causal{"causal", false};
     Output<Buffer<float, 4>> probs{"probs"};  // (key, query, head, batch)
 
-    std::string stage_name() const { return "masked_softmax"; }
-
     void generate() {
-        softmax_ = masked_softmax(scores, key_padding_mask, causal, scores.dim(1).extent(),
-                                  scores.dim(0).extent());
+        softmax_ = masked_softmax(scores, key_padding_mask, causal, scores.dim(1).extent(), scores.dim(0).extent());
         probs = softmax_.probs;
 
         scores.set_estimates(score_estimate());
@@ -103,9 +92,7 @@ public:
         probs.set_estimates(score_estimate());
     }
 
-    void schedule_manual_cpu() {
-        attn_sched::schedule_masked_softmax_cpu(softmax_, this->tiling(), get_target());
-    }
+    void schedule_manual_cpu() { attn_sched::schedule_masked_softmax_cpu(softmax_, this->tiling(), get_target()); }
 
     void schedule_manual_gpu() { attn_sched::schedule_masked_softmax_gpu(softmax_); }
 
@@ -114,15 +101,13 @@ private:
 };
 
 // ctx = probs · V per head, heads concatenated.
-class WeightedSumStage : public StageGenerator<WeightedSumStage> {
+class WeightedSumStage : public AttentionGenerator<WeightedSumStage> {
 public:
     Input<Buffer<float, 4>> probs{"probs"};  // (key, query, head, batch) = [B, heads, S_q, S_k]
     Input<Buffer<float, 3>> v{"v"};          // (hidden, seq_k, batch) = [B, S_k, H]
     // (head_dim, head, query, batch): the head view of a [B, S_q, H] buffer, which the
     // runtime passes with strides (1, d, H, S_q·H).
     Output<Buffer<float, 4>> ctx{"ctx"};
-
-    std::string stage_name() const { return "weighted_sum"; }
 
     void generate() {
         Expr head_dim = v.dim(0).extent() / probs.dim(2).extent();
@@ -132,13 +117,11 @@ public:
 
         probs.set_estimates(score_estimate());
         estimate_activation(v);
-        ctx.set_estimates({{0, kEstimateHidden / kEstimateHeads}, {0, kEstimateHeads}, {0, kEstimateSeq},
-                           {0, estimate_batch()}});
+        ctx.set_estimates(
+            {{0, kEstimateHidden / kEstimateHeads}, {0, kEstimateHeads}, {0, kEstimateSeq}, {0, estimate_batch()}});
     }
 
-    void schedule_manual_cpu() {
-        attn_sched::schedule_weighted_sum_cpu(context_, this->tiling(), get_target());
-    }
+    void schedule_manual_cpu() { attn_sched::schedule_weighted_sum_cpu(context_, this->tiling(), get_target()); }
 
     void schedule_manual_gpu() { attn_sched::schedule_weighted_sum_gpu(context_); }
 
@@ -147,22 +130,20 @@ private:
 };
 
 // y = LayerNorm(x + ctx·W_oᵀ + b_o).
-class OutputLayerNormStage : public StageGenerator<OutputLayerNormStage> {
+class OutputLayerNormStage : public AttentionGenerator<OutputLayerNormStage> {
 public:
-    Input<Buffer<float, 3>> ctx{"ctx"};  // (hidden, seq, batch) = [B, S, H]
-    Input<Buffer<float, 3>> x{"x"};      // (hidden, seq, batch): the residual
-    Input<Buffer<float, 2>> w_o{"w_o"};  // (in, out) = [H_out, H_in]
+    Input<Buffer<float, 3>> ctx{"ctx"};                                // (hidden, seq, batch) = [B, S, H]
+    Input<Buffer<float, 3>> x{"x"};                                    // (hidden, seq, batch): the residual
+    Input<Buffer<float, 2>> w_o{"w_o"};                                // (in, out) = [H_out, H_in]
     Input<Buffer<float, 1>> b_o{"b_o"}, gamma{"gamma"}, beta{"beta"};  // [H]
     Input<float> eps{"eps", 1e-12f};
     Output<Buffer<float, 3>> y{"y"};  // (hidden, seq, batch)
 
-    std::string stage_name() const { return "output_layernorm"; }
-
     void generate() {
         Expr hidden = x.dim(0).extent();
         // One "head" spanning all of H: the same algorithm the fused layer uses on its head view.
-        output_ = output_layernorm(split_heads("ctx_heads", ctx, hidden), x, w_o, b_o, gamma, beta, eps,
-                                   hidden, 1, hidden, x.dim(1).extent());
+        output_ = output_layernorm(split_heads("ctx_heads", ctx, hidden), x, w_o, b_o, gamma, beta, eps, hidden, 1,
+                                   hidden, x.dim(1).extent());
         y = output_.y;
 
         estimate_activation(ctx);
@@ -173,9 +154,7 @@ public:
         estimate_activation(y);
     }
 
-    void schedule_manual_cpu() {
-        attn_sched::schedule_output_layernorm_cpu(output_, this->tiling(), get_target());
-    }
+    void schedule_manual_cpu() { attn_sched::schedule_output_layernorm_cpu(output_, this->tiling(), get_target()); }
 
     void schedule_manual_gpu() { attn_sched::schedule_output_layernorm_gpu(output_); }
 

@@ -15,8 +15,8 @@ int vector_width(const Target &target) { return target.natural_vector_size<float
 // Computes the reduction `tile` (a pure init and one update over `reduction`) as a
 // register tile of `columns` × t.tile_rows at `at`: `column` vectorized and unrolled,
 // `row` unrolled, the reduction outside both.
-void register_tile(Func tile, const Var &column, const Var &row, const std::vector<RVar> &reduction,
-                   int columns, LoopLevel at, const CpuTiling &t, const Target &target) {
+void register_tile(Func tile, const Var &column, const Var &row, const std::vector<RVar> &reduction, int columns,
+                   LoopLevel at, const CpuTiling &t, const Target &target) {
     const int vw = vector_width(target);
     Var vec{"vec"}, lane{"lane"};
     tile.compute_at(at)
@@ -84,8 +84,8 @@ void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, c
 // stored there: register tiles of `column_vectors` vectors of `col` by t.tile_rows rows,
 // each reducing over `reduction`; each tile of the column operand is reused by every
 // row tile while it is in L1.
-void tiled_rows(Func product, const Var &col, const Var &row, const std::vector<RVar> &reduction,
-                int column_vectors, LoopLevel at, const CpuTiling &t, const Target &target) {
+void tiled_rows(Func product, const Var &col, const Var &row, const std::vector<RVar> &reduction, int column_vectors,
+                LoopLevel at, const CpuTiling &t, const Target &target) {
     const int vw = vector_width(target), columns = vw * column_vectors;
     Var co{"co"}, ci{"ci"}, ro{"ro"}, ri{"ri"};
     Func rows = product.in();
@@ -150,8 +150,8 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
 
 }  // namespace
 
-void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v,
-                                 const CpuTiling &t, const Target &target) {
+void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const CpuTiling &t,
+                                 const Target &target) {
     for (attn_gen::Linear l : {q, k, v}) schedule_projection(l, LoopLevel::root(), t, target);
 }
 

@@ -9,7 +9,7 @@
 // comparison is bench/results/comparison.md.
 #pragma once
 
-#include "../generators/attention_algorithm.h"
+#include "../algorithm/attention_algorithm.h"
 
 namespace attn_sched {
 
@@ -38,8 +38,8 @@ struct CpuTiling {
     int context_vectors = 2;
 };
 
-void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v,
-                                 const CpuTiling &tiling, const Halide::Target &target);
+void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const CpuTiling &tiling,
+                                 const Halide::Target &target);
 void schedule_attention_scores_cpu(attn_gen::Scores scores, const CpuTiling &tiling, const Halide::Target &target);
 void schedule_masked_softmax_cpu(attn_gen::MaskedSoftmax softmax, const CpuTiling &tiling,
                                  const Halide::Target &target);

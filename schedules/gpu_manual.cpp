@@ -88,7 +88,8 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std:
     // reads past the edge), so its size is a constant.
     RVar ko{"ko"}, ki{"ki"};
     std::vector<std::pair<RVar, Var>> preserved{{ko, Var("k_chunk")}};
-    for (std::size_t n = 0; n < outer_k.size(); ++n) preserved.push_back({outer_k[n], Var("outer_k" + std::to_string(n))});
+    for (std::size_t n = 0; n < outer_k.size(); ++n)
+        preserved.push_back({outer_k[n], Var("outer_k" + std::to_string(n))});
     Func thread_tile = product.update().split(k, ko, ki, t.k_chunk, kGuard).rfactor(preserved);
 
     product.compute_at(out, co)
@@ -282,8 +283,7 @@ void schedule_flash_core(attn_gen::FlashAttention f) {
     // (column, row, ...) Funcs in shared memory, lanes along `column`, warps along `row`,
     // each thread's share of columns and rows serial inside it; for a reduction, the update
     // too, its reduction innermost. `outer` (an update's RVar) goes outside the threads.
-    auto threads = [](Func func, const Var &column, const Var &row, LoopLevel at,
-                      const std::vector<RVar> &outer = {}) {
+    auto threads = [](Func func, const Var &column, const Var &row, LoopLevel at, const std::vector<RVar> &outer = {}) {
         Var co{"co"}, lane{"lane"}, ro{"ro"}, rt{"rt"};
         func.compute_at(at).store_in(MemoryType::GPUShared);
         for (int stage = 0; stage <= func.num_update_definitions(); ++stage) {
@@ -296,7 +296,10 @@ void schedule_flash_core(attn_gen::FlashAttention f) {
             }
             for (VarOrRVar v : {VarOrRVar(co), VarOrRVar(ro), VarOrRVar(lane), VarOrRVar(rt)}) order.push_back(v);
             if (stage > 0) order.insert(order.end(), outer.begin(), outer.end());
-            s.split(column, co, lane, kLanes, kGuard).split(row, ro, rt, kRowThreads, kGuard).reorder(order).gpu_threads(lane, rt);
+            s.split(column, co, lane, kLanes, kGuard)
+                .split(row, ro, rt, kRowThreads, kGuard)
+                .reorder(order)
+                .gpu_threads(lane, rt);
         }
     };
     // (row, ...) row reductions: a thread per row, the rows along warps. The lanes are a

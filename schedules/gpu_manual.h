@@ -22,7 +22,7 @@
 // most 48 KB per block, which PoCL does not enforce.
 #pragma once
 
-#include "../generators/attention_algorithm.h"
+#include "../algorithm/attention_algorithm.h"
 
 namespace attn_sched {
 

@@ -1,8 +1,9 @@
 #include "schedule_source.h"
 
-#include "cpu_manual.h"
+#include "attn/generated/manifest.h"
 
 #include <regex>
+#include <sstream>
 #include <vector>
 
 // The frozen schedules' headers, included once here at file scope (each is
@@ -22,14 +23,14 @@ struct FuncLookup {
 };
 
 struct FrozenSchedule {
-    const char *source, *isa, *stage;
+    const char *source, *isa, *function;
     void (*apply)(Halide::Pipeline, Halide::Target);
     std::vector<FuncLookup> lookups;  // what the schedule expects pipeline.get_func(index) to be
 };
 
 const std::vector<FrozenSchedule> &frozen_schedules() {
-#define ATTN_FROZEN(source, isa, stage, apply, lookups) \
-    {#source, #isa, #stage, apply, std::vector<FuncLookup> lookups},
+#define ATTN_FROZEN(source, isa, function, apply, lookups) \
+    {#source, #isa, #function, apply, std::vector<FuncLookup> lookups},
     static const std::vector<FrozenSchedule> all{
 #include "frozen/registry.inc"
     };
@@ -37,21 +38,38 @@ const std::vector<FrozenSchedule> &frozen_schedules() {
     return all;
 }
 
-// The ISA a target was built for, as named in cmake/AttnTargets.cmake.
-std::string isa_of(const Halide::Target &t) {
-    using T = Halide::Target;
-    if (t.has_feature(T::CUDA)) return "cuda";
-    if (t.has_feature(T::OpenCL)) return "opencl";
-    if (t.arch == T::ARM) return "arm64";
-    if (t.has_feature(T::AVX512_Zen4)) return "avx512_zen4";
-    if (t.has_feature(T::AVX512_Skylake)) return "avx512_skylake";
-    if (t.has_feature(T::AVX2)) return "avx2";
-    return "sse41";
+const attn::manifest::ScheduleSource *find_source(const std::string &source) {
+    for (const attn::manifest::ScheduleSource &s : attn::manifest::kScheduleSources) {
+        if (source == s.name) return &s;
+    }
+    return nullptr;
 }
 
-std::string regenerate_hint(const std::string &source, const std::string &isa, const std::string &stage) {
-    return "Regenerate it with: tools/freeze_schedules.sh --sources " + source + " --isas " + isa +
-           " --stages " + stage;
+std::vector<std::string> words(const char *text) {
+    std::istringstream in(text);
+    std::vector<std::string> out;
+    for (std::string w; in >> w;) out.push_back(w);
+    return out;
+}
+
+// Whether `target` has every feature of `isa_target` (same architecture and bits); CUDA
+// capabilities do not count: a target for a newer GPU still runs a schedule frozen for an older.
+bool has_features_of(const Halide::Target &target, const Halide::Target &isa_target, int *count) {
+    if (target.arch != isa_target.arch || target.bits != isa_target.bits) return false;
+    *count = 0;
+    for (int f = 0; f < int(Halide::Target::FeatureEnd); ++f) {
+        const auto feature = Halide::Target::Feature(f);
+        if (!isa_target.has_feature(feature)) continue;
+        if (Halide::Target::feature_to_name(feature).rfind("cuda_capability", 0) == 0) continue;
+        if (!target.has_feature(feature)) return false;
+        ++*count;
+    }
+    return true;
+}
+
+std::string regenerate_hint(const std::string &source, const std::string &isa, const std::string &function) {
+    return "Regenerate it with: tools/freeze_schedules.sh --sources " + source + " --isas " + isa + " --functions " +
+           function;
 }
 
 // The autoscheduler's emitter names a Func's variable after the Func, with
@@ -62,26 +80,46 @@ std::string variable_name(const std::string &func_name) {
 
 }  // namespace
 
-ScheduleKind schedule_kind(const std::string &generator, const std::string &source,
-                           const Halide::Target &target) {
-    if (source == "manual") {
-        return target.has_gpu_feature() ? ScheduleKind::manual_gpu : ScheduleKind::manual_cpu;
+ScheduleKind schedule_kind(const std::string &source, const Halide::Target &target) {
+    const attn::manifest::ScheduleSource *s = find_source(source);
+    std::string kind = s ? s->kind : "";
+    if (kind == "hand-written") return target.has_gpu_feature() ? ScheduleKind::manual_gpu : ScheduleKind::manual_cpu;
+    if (kind == "frozen") return ScheduleKind::frozen;
+    if (kind == "in-process") return ScheduleKind::autoscheduled;
+    std::string known;
+    for (const attn::manifest::ScheduleSource &k : attn::manifest::kScheduleSources) {
+        if (std::string(k.kind) != "tuned") known += (known.empty() ? "" : ", ") + std::string(k.name);
     }
-    if (source == "li2018") return ScheduleKind::autoscheduled;
-    return ScheduleKind::frozen;
+    throw Halide::CompileError("Unknown schedule source '" + source + "' (manifest.json has " + known +
+                               "; a tuned variant is built as 'manual' with its parameters).");
+}
+
+std::string frozen_isa(const Halide::Target &target) {
+    const attn::manifest::Isa *best = nullptr;
+    int best_count = -1;
+    for (const attn::manifest::Isa &isa : attn::manifest::kIsas) {
+        int count = 0;
+        if (has_features_of(target, Halide::Target(isa.halide_target), &count) && count > best_count) {
+            best = &isa, best_count = count;
+        }
+    }
+    if (!best) throw Halide::CompileError("No ISA of manifest.json matches the target " + target.to_string() + ".");
+    return best->frozen_schedules_of;
 }
 
 int default_query_block(const Halide::Target &target, int query_block) {
     if (query_block > 0) return query_block;
-    return target.has_gpu_feature() ? 32 : CpuTiling{}.query_block;
+    const attn::manifest::ManualParameter &p = attn::manifest::manual_parameter("query_block");
+    return target.has_gpu_feature() ? p.gpu_default : p.default_value;
 }
 
 // GPU: 64 keys per step ran 4-8% faster on an H100 (separate runs, not interleaved) but
 // took more than the 48 KB of shared memory Halide 21 launches with at head_dim 80 (a
-// launch failure that PoCL does not show), so 32.
+// launch failure that PoCL does not show), so 32 (manifest.json's gpu_default).
 int default_key_block(const Halide::Target &target, int key_block) {
     if (key_block > 0) return key_block;
-    return target.has_gpu_feature() ? 32 : CpuTiling{}.key_block;
+    const attn::manifest::ManualParameter &p = attn::manifest::manual_parameter("key_block");
+    return target.has_gpu_feature() ? p.gpu_default : p.default_value;
 }
 
 int key_chunk(const Halide::Target &target, int tile_vectors) {
@@ -89,20 +127,26 @@ int key_chunk(const Halide::Target &target, int tile_vectors) {
 }
 
 void apply_autoscheduler(const std::string &source, Halide::Pipeline pipeline, const Halide::Target &target) {
-    if (source != "li2018") throw Halide::CompileError("No in-process autoscheduler '" + source + "'.");
-    // The dev machine's 2 cores; on a GPU, an H100 SXM's 132 SMs.
-    const std::string parallelism = target.has_gpu_feature() ? "132" : "2";
-    pipeline.apply_autoscheduler(target, Halide::AutoschedulerParams("Li2018", {{"parallelism", parallelism}}));
+    const attn::manifest::ScheduleSource *s = find_source(source);
+    if (!s || std::string(s->kind) != "in-process") {
+        throw Halide::CompileError("No in-process autoscheduler '" + source + "' in manifest.json.");
+    }
+    Halide::AutoschedulerParams params(s->autoscheduler);
+    for (const std::string &pair : words(target.has_gpu_feature() ? s->gpu_params : s->cpu_params)) {
+        const std::size_t eq = pair.find('=');
+        params.extra[pair.substr(0, eq)] = pair.substr(eq + 1);
+    }
+    pipeline.apply_autoscheduler(target, params);
 }
 
-void apply_frozen_schedule(const std::string &generator, const std::string &source, Halide::Pipeline pipeline,
+void apply_frozen_schedule(const std::string &function, const std::string &source, Halide::Pipeline pipeline,
                            const Halide::Target &target) {
-    // The GPU schedules are device-neutral (gpu_blocks, gpu_threads): the OpenCL
-    // variants, which run them on PoCL in CI, use the ones frozen for CUDA.
-    const std::string isa = isa_of(target) == "opencl" ? "cuda" : isa_of(target);
-    const std::string path = "schedules/frozen/" + source + "/" + isa + "/" + generator + ".schedule.h";
+    if (function.empty())
+        throw Halide::CompileError("A frozen schedule needs the generator parameter function=<name>.");
+    const std::string isa = frozen_isa(target);
+    const std::string path = "schedules/frozen/" + source + "/" + isa + "/" + function + ".schedule.h";
     for (const FrozenSchedule &frozen : frozen_schedules()) {
-        if (source != frozen.source || isa != frozen.isa || generator != frozen.stage) continue;
+        if (source != frozen.source || isa != frozen.isa || function != frozen.function) continue;
         // The schedule finds Funcs by their index in the pipeline: if the algorithm
         // changed, the index may now name another Func, and the schedule is stale.
         for (const FuncLookup &lookup : frozen.lookups) {
@@ -116,19 +160,19 @@ void apply_frozen_schedule(const std::string &generator, const std::string &sour
                 throw Halide::CompileError("Stale frozen schedule " + path + ": it expects pipeline stage " +
                                            std::to_string(lookup.index) + " to be '" + lookup.name +
                                            "', but the algorithm now has '" + now + "' there. " +
-                                           regenerate_hint(source, isa, generator));
+                                           regenerate_hint(source, isa, function));
             }
         }
         try {
             frozen.apply(pipeline, target);
         } catch (const Halide::Error &e) {
-            throw Halide::CompileError("Frozen schedule " + path + " no longer applies to the algorithm (" +
-                                       e.what() + "). " + regenerate_hint(source, isa, generator));
+            throw Halide::CompileError("Frozen schedule " + path + " no longer applies to the algorithm (" + e.what() +
+                                       "). " + regenerate_hint(source, isa, function));
         }
         return;
     }
-    throw Halide::CompileError("No frozen schedule '" + source + "' for generator '" + generator + "' on " + isa +
-                               " (" + path + "). " + regenerate_hint(source, isa, generator));
+    throw Halide::CompileError("No frozen schedule '" + source + "' for function '" + function + "' on " + isa + " (" +
+                               path + "). " + regenerate_hint(source, isa, function));
 }
 
 }  // namespace attn_sched

@@ -35,39 +35,103 @@ std::vector<BadCall> bad_calls() {
     using Y = std::vector<float>;
     return {
         {"heads_not_dividing_hidden", "num_heads", "divisor of hidden_size 64, got 5",
-         [](D &d, Y &) { Config c = d.problem.config(); c.num_heads = 5; Attention(c, d.weights()); }},
+         [](D &d, Y &) {
+             Config c = d.problem.config();
+             c.num_heads = 5;
+             Attention(c, d.weights());
+         }},
         {"zero_hidden", "hidden_size", "expected > 0, got 0",
-         [](D &d, Y &) { Config c = d.problem.config(); c.hidden_size = 0; Attention(c, d.weights()); }},
+         [](D &d, Y &) {
+             Config c = d.problem.config();
+             c.hidden_size = 0;
+             Attention(c, d.weights());
+         }},
         {"negative_eps", "layer_norm_eps", "finite value >= 0",
-         [](D &d, Y &) { Config c = d.problem.config(); c.layer_norm_eps = -1; Attention(c, d.weights()); }},
+         [](D &d, Y &) {
+             Config c = d.problem.config();
+             c.layer_norm_eps = -1;
+             Attention(c, d.weights());
+         }},
         {"nan_eps", "layer_norm_eps", "finite value >= 0",
-         [](D &d, Y &) { Config c = d.problem.config(); c.layer_norm_eps = NAN; Attention(c, d.weights()); }},
+         [](D &d, Y &) {
+             Config c = d.problem.config();
+             c.layer_norm_eps = NAN;
+             Attention(c, d.weights());
+         }},
         {"w_q_wrong_shape", "w_q", "expected shape [64, 64] [H_out, H_in], got [64, 32]",
-         [](D &d, Y &) { LayerWeights w = d.weights(); w.w_q.shape = {64, 32}; Attention(d.problem.config(), w); }},
+         [](D &d, Y &) {
+             LayerWeights w = d.weights();
+             w.w_q.shape = {64, 32};
+             Attention(d.problem.config(), w);
+         }},
         {"b_o_wrong_shape", "b_o", "expected shape [64] [H], got [63]",
-         [](D &d, Y &) { LayerWeights w = d.weights(); w.b_o.shape = {63}; Attention(d.problem.config(), w); }},
+         [](D &d, Y &) {
+             LayerWeights w = d.weights();
+             w.b_o.shape = {63};
+             Attention(d.problem.config(), w);
+         }},
         {"gamma_null", "gamma", "data is null",
-         [](D &d, Y &) { LayerWeights w = d.weights(); w.gamma.data = nullptr; Attention(d.problem.config(), w); }},
+         [](D &d, Y &) {
+             LayerWeights w = d.weights();
+             w.gamma.data = nullptr;
+             Attention(d.problem.config(), w);
+         }},
         {"w_v_too_small", "w_v", "needs 4096 elements, but the buffer holds 100",
-         [](D &d, Y &) { LayerWeights w = d.weights(); w.w_v.size = 100; Attention(d.problem.config(), w); }},
+         [](D &d, Y &) {
+             LayerWeights w = d.weights();
+             w.w_v.size = 100;
+             Attention(d.problem.config(), w);
+         }},
         {"unknown_variant", "variant", "got 'no_such_variant'",
          [](D &d, Y &) { Attention(d.problem.config(), d.weights(), "no_such_variant"); }},
         {"x_null", "x", "data is null",
-         [](D &d, Y &y) { auto in = d.inputs(); in.x.data = nullptr; forward(d, in, y_of(d, y), d.problem.config()); }},
+         [](D &d, Y &y) {
+             auto in = d.inputs();
+             in.x.data = nullptr;
+             forward(d, in, y_of(d, y), d.problem.config());
+         }},
         {"x_rank_2", "x", "expected rank 3 [B, S_q, H], got shape [10, 64]",
-         [](D &d, Y &y) { auto in = d.inputs(); in.x.shape = {10, 64}; forward(d, in, y_of(d, y), d.problem.config()); }},
+         [](D &d, Y &y) {
+             auto in = d.inputs();
+             in.x.shape = {10, 64};
+             forward(d, in, y_of(d, y), d.problem.config());
+         }},
         {"x_wrong_hidden", "x", "expected shape [2, 10, 64] [B, S_q, H], got [2, 10, 32]",
-         [](D &d, Y &y) { auto in = d.inputs(); in.x.shape = {2, 10, 32}; forward(d, in, y_of(d, y), d.problem.config()); }},
+         [](D &d, Y &y) {
+             auto in = d.inputs();
+             in.x.shape = {2, 10, 32};
+             forward(d, in, y_of(d, y), d.problem.config());
+         }},
         {"x_too_small", "x", "needs 640 elements, but the buffer holds 639",
-         [](D &d, Y &y) { auto in = d.inputs(); in.x.size = 639; forward(d, in, y_of(d, y), d.problem.config()); }},
+         [](D &d, Y &y) {
+             auto in = d.inputs();
+             in.x.size = 639;
+             forward(d, in, y_of(d, y), d.problem.config());
+         }},
         {"x_zero_length", "x", "expected positive extents",
-         [](D &d, Y &y) { auto in = d.inputs(); in.x.shape = {2, 0, 64}; forward(d, in, y_of(d, y), d.problem.config()); }},
+         [](D &d, Y &y) {
+             auto in = d.inputs();
+             in.x.shape = {2, 0, 64};
+             forward(d, in, y_of(d, y), d.problem.config());
+         }},
         {"mask_wrong_length", "key_padding_mask", "expected shape [2, 5] [B, S_k], got [2, 6]",
-         [](D &d, Y &y) { auto in = d.inputs(); in.key_padding_mask.shape = {2, 6}; forward(d, in, y_of(d, y), d.problem.config()); }},
+         [](D &d, Y &y) {
+             auto in = d.inputs();
+             in.key_padding_mask.shape = {2, 6};
+             forward(d, in, y_of(d, y), d.problem.config());
+         }},
         {"mask_wrong_batch", "key_padding_mask", "expected shape [2, 5] [B, S_k], got [1, 5]",
-         [](D &d, Y &y) { auto in = d.inputs(); in.key_padding_mask.shape = {1, 5}; forward(d, in, y_of(d, y), d.problem.config()); }},
+         [](D &d, Y &y) {
+             auto in = d.inputs();
+             in.key_padding_mask.shape = {1, 5};
+             forward(d, in, y_of(d, y), d.problem.config());
+         }},
         {"mask_null", "key_padding_mask", "data is null",
-         [](D &d, Y &y) { auto in = d.inputs(); in.key_padding_mask.data = nullptr; forward(d, in, y_of(d, y), d.problem.config()); }},
+         [](D &d, Y &y) {
+             auto in = d.inputs();
+             in.key_padding_mask.data = nullptr;
+             forward(d, in, y_of(d, y), d.problem.config());
+         }},
         {"bias_wrong_heads", "bias", "[2 or 1, 4 or 1, 5, 5], got [1, 3, 5, 5]",
          [](D &d, Y &y) {
              auto in = d.inputs();
@@ -90,9 +154,15 @@ std::vector<BadCall> bad_calls() {
              forward(d, in, y_of(d, y), d.problem.config());
          }},
         {"y_wrong_shape", "y", "expected shape [2, 5, 64] [B, S_q, H], got [2, 64, 5]",
-         [](D &d, Y &y) { forward(d, d.inputs(), view(y, {2, 64, 5}), d.problem.config()); }},
+         [](D &d, Y &y) {
+             forward(d, d.inputs(), view(y, {2, 64, 5}), d.problem.config());
+         }},
         {"y_too_small", "y", "needs 640 elements, but the buffer holds 10",
-         [](D &d, Y &y) { MutableTensor v = y_of(d, y); v.size = 10; forward(d, d.inputs(), v, d.problem.config()); }},
+         [](D &d, Y &y) {
+             MutableTensor v = y_of(d, y);
+             v.size = 10;
+             forward(d, d.inputs(), v, d.problem.config());
+         }},
         {"y_overlaps_x", "y", "must not overlap an input buffer",
          [](D &d, Y &y) {
              auto in = d.inputs();
@@ -123,8 +193,8 @@ std::vector<BadCall> bad_calls() {
         {"stage_ctx_wrong_shape", "ctx", "expected shape [2, 5, 64] [B, S_q, H], got [2, 5, 32]",
          [](D &d, Y &y) {
              std::vector<float> probs(2 * 4 * 25), v(640), ctx(320);
-             stages::weighted_sum(select_variant(), d.problem.config(), view(probs, {2, 4, 5, 5}),
-                                  view(v, {2, 5, 64}), view(ctx, {2, 5, 32}));
+             stages::weighted_sum(select_variant(), d.problem.config(), view(probs, {2, 4, 5, 5}), view(v, {2, 5, 64}),
+                                  view(ctx, {2, 5, 32}));
              (void)y;
          }},
     };

@@ -95,7 +95,7 @@ protected:
         GuardedOutput y({problem.batch, problem.s_q, problem.hidden});
         GuardedOutput probs({problem.batch, problem.heads, problem.s_q, problem.s_k});
         auto run = [&] { layer.forward(data.inputs(), y.view(), with_probs ? probs.view() : MutableTensor{}); };
-        if (!ran_or_refused(variant, run)) {
+        if (!ran_or_refused(variant, layer_function(with_probs), run)) {
             EXPECT_TRUE(y.guards_intact() && probs.guards_intact()) << "a refused call wrote outside its outputs";
             return;
         }

@@ -24,7 +24,9 @@ std::optional<std::vector<float>> run_layer(const VariantInfo &variant, const La
         probs->assign(std::size_t(p.batch * p.heads * p.s_q * p.s_k), 0.0f);
         probs_view = view(*probs, {p.batch, p.heads, p.s_q, p.s_k});
     }
-    if (!ran_or_refused(variant, [&] { layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden}), probs_view); })) {
+    if (!ran_or_refused(variant, layer_function(probs != nullptr), [&] {
+            layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden}), probs_view);
+        })) {
         return std::nullopt;
     }
     return y;
@@ -41,7 +43,8 @@ TEST_P(PropertyTest, ProbabilityRowsSumToOneOrZeroWhenFullyMasked) {
         for (int64_t h = 0; h < p.heads; ++h)
             for (int64_t i = 0; i < p.s_q; ++i) {
                 double sum = 0;
-                for (int64_t j = 0; j < p.s_k; ++j) sum += probs[std::size_t(((b * p.heads + h) * p.s_q + i) * p.s_k + j)];
+                for (int64_t j = 0; j < p.s_k; ++j)
+                    sum += probs[std::size_t(((b * p.heads + h) * p.s_q + i) * p.s_k + j)];
                 const double expected = b == 0 ? 0.0 : 1.0;  // batch 0 has no real key
                 ASSERT_NEAR(sum, expected, 1e-5) << "row b=" << b << " h=" << h << " i=" << i;
             }
@@ -49,11 +52,11 @@ TEST_P(PropertyTest, ProbabilityRowsSumToOneOrZeroWhenFullyMasked) {
 
 // The outputs of `kept` elements (a token's whole row) must not change when other
 // tokens change (`before` on `original`, `after` on the changed data): bit for bit for a
-// reproducible schedule; for one that is not (see bitwise_reproducible), `after` must
+// reproducible schedule; for one that is not (VariantInfo::bitwise_reproducible), `after` must
 // still match the reference of the original data on those elements, by the accuracy rule.
 void expect_kept_unchanged(const VariantInfo &variant, const LayerData &original, const std::vector<float> &before,
                            const std::vector<float> &after, const std::vector<std::size_t> &kept, const char *what) {
-    if (bitwise_reproducible(variant)) {
+    if (variant.bitwise_reproducible) {
         for (std::size_t i : kept) ASSERT_EQ(before[i], after[i]) << "element " << i << ": " << what;
         return;
     }
@@ -62,7 +65,8 @@ void expect_kept_unchanged(const VariantInfo &variant, const LayerData &original
     const auto plain = reference::attention_layer<float>(c, original.weights(), original.inputs()).y;
     std::vector<float> actual, plain_kept;
     std::vector<double> exact_kept;
-    for (std::size_t i : kept) actual.push_back(after[i]), exact_kept.push_back(exact[i]), plain_kept.push_back(plain[i]);
+    for (std::size_t i : kept)
+        actual.push_back(after[i]), exact_kept.push_back(exact[i]), plain_kept.push_back(plain[i]);
     const Accuracy a = check_accuracy(actual.data(), exact_kept, plain_kept);
     EXPECT_TRUE(a.ok) << a.report(what);
 }
@@ -149,7 +153,10 @@ TEST_P(PropertyTest, EightThreadsSharingOneAttentionGetTheSingleThreadedResult) 
     std::vector<std::vector<float>> expected(kThreads, std::vector<float>(std::size_t(p.batch * p.s_q * p.hidden)));
     for (int t = 0; t < kThreads; ++t) {
         AttentionInputs in = data[std::size_t(t)].inputs();
-        if (!ran_or_refused(GetParam(), [&] { layer.forward(in, view(expected[std::size_t(t)], y_shape)); })) return;
+        if (!ran_or_refused(GetParam(), "attention_layer",
+                            [&] { layer.forward(in, view(expected[std::size_t(t)], y_shape)); })) {
+            return;
+        }
     }
     std::vector<std::string> failures(kThreads);
     std::vector<std::thread> threads;
@@ -159,7 +166,8 @@ TEST_P(PropertyTest, EightThreadsSharingOneAttentionGetTheSingleThreadedResult) 
             try {
                 for (int call = 0; call < kCalls; ++call) {
                     layer.forward(data[std::size_t(t)].inputs(), view(y, y_shape));
-                    if (y != expected[std::size_t(t)]) failures[std::size_t(t)] += "call " + std::to_string(call) + " differs; ";
+                    if (y != expected[std::size_t(t)])
+                        failures[std::size_t(t)] += "call " + std::to_string(call) + " differs; ";
                 }
             } catch (const std::exception &e) {
                 failures[std::size_t(t)] = e.what();

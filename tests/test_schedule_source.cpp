@@ -8,10 +8,10 @@ namespace {
 
 const Halide::Target kAvx2("x86-64-linux-sse41-avx-avx2-fma-f16c");
 
-std::string compile_error(const std::string &generator, const std::string &source, Halide::Pipeline pipeline,
+std::string compile_error(const std::string &function, const std::string &source, Halide::Pipeline pipeline,
                           const Halide::Target &target) {
     try {
-        attn_sched::apply_frozen_schedule(generator, source, pipeline, target);
+        attn_sched::apply_frozen_schedule(function, source, pipeline, target);
     } catch (const Halide::CompileError &e) {
         return e.what();
     }
@@ -25,9 +25,11 @@ TEST(FrozenSchedule, StaleScheduleFailsWithTheRegenerateCommand) {
     renamed(x) = x;
     const std::string error = compile_error("attention_scores", "adams2019", Halide::Pipeline(renamed), kAvx2);
     EXPECT_NE(error.find("Stale frozen schedule schedules/frozen/adams2019/avx2/attention_scores.schedule.h"),
-              std::string::npos) << error;
-    EXPECT_NE(error.find("tools/freeze_schedules.sh --sources adams2019 --isas avx2 --stages attention_scores"),
-              std::string::npos) << error;
+              std::string::npos)
+        << error;
+    EXPECT_NE(error.find("tools/freeze_schedules.sh --sources adams2019 --isas avx2 --functions attention_scores"),
+              std::string::npos)
+        << error;
 }
 
 TEST(FrozenSchedule, MissingScheduleNamesTheFileAndTheCommand) {
@@ -35,17 +37,40 @@ TEST(FrozenSchedule, MissingScheduleNamesTheFileAndTheCommand) {
     Halide::Func f("f");
     f(x) = x;
     const Halide::Target skylake("x86-64-linux-sse41-avx-avx2-fma-f16c-avx512-avx512_skylake");
-    const std::string error = compile_error("self_attention", "mullapudi2016", Halide::Pipeline(f), skylake);
-    EXPECT_NE(error.find("schedules/frozen/mullapudi2016/avx512_skylake/self_attention.schedule.h"),
-              std::string::npos) << error;
-    EXPECT_NE(error.find("tools/freeze_schedules.sh --sources mullapudi2016 --isas avx512_skylake"),
-              std::string::npos) << error;
+    const std::string error = compile_error("attention_layer", "mullapudi2016", Halide::Pipeline(f), skylake);
+    EXPECT_NE(error.find("schedules/frozen/mullapudi2016/avx512_skylake/attention_layer.schedule.h"), std::string::npos)
+        << error;
+    EXPECT_NE(error.find("tools/freeze_schedules.sh --sources mullapudi2016 --isas avx512_skylake"), std::string::npos)
+        << error;
 }
 
-TEST(ScheduleKind, ManualIsHandWrittenAndOtherSourcesAreFrozenOrAutoscheduled) {
-    EXPECT_EQ(attn_sched::schedule_kind("self_attention", "manual", kAvx2), attn_sched::ScheduleKind::manual_cpu);
-    EXPECT_EQ(attn_sched::schedule_kind("self_attention", "adams2019", kAvx2), attn_sched::ScheduleKind::frozen);
-    EXPECT_EQ(attn_sched::schedule_kind("self_attention", "li2018", kAvx2), attn_sched::ScheduleKind::autoscheduled);
+TEST(ScheduleKind, ComesFromTheSourceKindInTheManifest) {
+    const Halide::Target cuda("x86-64-linux-sse41-cuda-cuda_capability_80");
+    EXPECT_EQ(attn_sched::schedule_kind("manual", kAvx2), attn_sched::ScheduleKind::manual_cpu);
+    EXPECT_EQ(attn_sched::schedule_kind("manual", cuda), attn_sched::ScheduleKind::manual_gpu);
+    EXPECT_EQ(attn_sched::schedule_kind("adams2019", kAvx2), attn_sched::ScheduleKind::frozen);
+    EXPECT_EQ(attn_sched::schedule_kind("li2018", kAvx2), attn_sched::ScheduleKind::autoscheduled);
+    for (const char *not_a_source : {"autotuned", "best"}) {  // a tuned variant is built as manual
+        try {
+            attn_sched::schedule_kind(not_a_source, kAvx2);
+            ADD_FAILURE() << not_a_source << " was accepted";
+        } catch (const Halide::CompileError &e) {
+            EXPECT_NE(std::string(e.what()).find("manifest.json has manual, mullapudi2016"), std::string::npos)
+                << e.what();
+        }
+    }
+}
+
+TEST(FrozenIsa, IsTheManifestIsaWithMostOfTheTargetsFeatures) {
+    EXPECT_EQ(attn_sched::frozen_isa(Halide::Target("x86-64-linux-sse41")), "sse41");
+    EXPECT_EQ(attn_sched::frozen_isa(kAvx2), "avx2");
+    EXPECT_EQ(attn_sched::frozen_isa(Halide::Target("x86-64-linux-sse41-avx-avx2-fma-f16c-avx512-avx512_skylake-"
+                                                    "avx512_cannonlake-avx512_zen4")),
+              "avx512_zen4");
+    // A GPU target of another capability still takes the CUDA schedules; OpenCL reuses them.
+    EXPECT_EQ(attn_sched::frozen_isa(Halide::Target("x86-64-linux-sse41-cuda-cuda_capability_86")), "cuda");
+    EXPECT_EQ(attn_sched::frozen_isa(Halide::Target("x86-64-linux-sse41-opencl")), "cuda");
+    EXPECT_EQ(attn_sched::frozen_isa(Halide::Target("arm-64-linux")), "arm64");
 }
 
 }  // namespace

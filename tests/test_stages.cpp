@@ -47,7 +47,9 @@ protected:
     const VariantInfo &variant() const { return std::get<0>(GetParam()); }
     const Problem &problem() const { return std::get<1>(GetParam()); }
     Config config() const { return problem().config(); }
-    static ConstTensor view_of(const std::vector<float> &v, Shape shape) { return {v.data(), v.size(), std::move(shape)}; }
+    static ConstTensor view_of(const std::vector<float> &v, Shape shape) {
+        return {v.data(), v.size(), std::move(shape)};
+    }
     Shape q_shape() const { return {problem().batch, problem().s_q, problem().hidden}; }
     Shape kv_shape() const { return {problem().batch, problem().s_k, problem().hidden}; }
     Shape score_shape() const { return {problem().batch, problem().heads, problem().s_q, problem().s_k}; }
@@ -61,51 +63,64 @@ TEST_P(StageTest, QkvProjection) {
     const ConstTensor x_kv = problem().cross ? in.kv : in.x;
     const LayerWeights w = data_->weights();
     GuardedOutput q(q_shape()), k(kv_shape()), v(kv_shape());
-    ATTN_RUN_OR_REFUSE(variant(), stages::qkv_projection(variant(), config(), in.x, x_kv, w, q.view(), k.view(), v.view()));
+    ATTN_RUN_OR_REFUSE(variant(), "qkv_projection",
+                       stages::qkv_projection(variant(), config(), in.x, x_kv, w, q.view(), k.view(), v.view()));
     const int64_t rows_q = sizes_.batch * sizes_.s_q, rows_k = sizes_.batch * sizes_.s_k;
     const std::vector<double> x = reference::widen<double>(in.x), kv = reference::widen<double>(x_kv);
     const std::vector<float> xf = reference::widen<float>(in.x), kvf = reference::widen<float>(x_kv);
-    expect_matches_reference("q", q, reference::linear(x, rows_q, w.w_q, w.b_q), reference::linear(xf, rows_q, w.w_q, w.b_q));
-    expect_matches_reference("k", k, reference::linear(kv, rows_k, w.w_k, w.b_k), reference::linear(kvf, rows_k, w.w_k, w.b_k));
-    expect_matches_reference("v", v, reference::linear(kv, rows_k, w.w_v, w.b_v), reference::linear(kvf, rows_k, w.w_v, w.b_v));
+    expect_matches_reference("q", q, reference::linear(x, rows_q, w.w_q, w.b_q),
+                             reference::linear(xf, rows_q, w.w_q, w.b_q));
+    expect_matches_reference("k", k, reference::linear(kv, rows_k, w.w_k, w.b_k),
+                             reference::linear(kvf, rows_k, w.w_k, w.b_k));
+    expect_matches_reference("v", v, reference::linear(kv, rows_k, w.w_v, w.b_v),
+                             reference::linear(kvf, rows_k, w.w_v, w.b_v));
 }
 
 TEST_P(StageTest, AttentionScores) {
     const std::vector<float> &q = ref_->float32.q, &k = ref_->float32.k;
     const ConstTensor bias = data_->inputs().bias;
     GuardedOutput scores(score_shape());
-    ATTN_RUN_OR_REFUSE(variant(), stages::attention_scores(variant(), config(), view_of(q, q_shape()), view_of(k, kv_shape()), bias, scores.view()));
+    ATTN_RUN_OR_REFUSE(variant(), "attention_scores",
+                       stages::attention_scores(variant(), config(), view_of(q, q_shape()), view_of(k, kv_shape()),
+                                                bias, scores.view()));
     const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end());
     expect_matches_reference("scores", scores, reference::attention_scores(config(), sizes_, qd, kd, bias),
-          reference::attention_scores(config(), sizes_, q, k, bias));
+                             reference::attention_scores(config(), sizes_, q, k, bias));
 }
 
 TEST_P(StageTest, MaskedSoftmax) {
     const std::vector<float> &scores = ref_->float32.scores;
     const MaskTensor mask = data_->inputs().key_padding_mask;
     GuardedOutput probs(score_shape());
-    ATTN_RUN_OR_REFUSE(variant(), stages::masked_softmax(variant(), config(), view_of(scores, score_shape()), mask, probs.view()));
+    ATTN_RUN_OR_REFUSE(variant(), "masked_softmax",
+                       stages::masked_softmax(variant(), config(), view_of(scores, score_shape()), mask, probs.view()));
     const std::vector<double> sd(scores.begin(), scores.end());
     expect_matches_reference("probs", probs, reference::masked_softmax(config(), sizes_, sd, mask),
-          reference::masked_softmax(config(), sizes_, scores, mask));
+                             reference::masked_softmax(config(), sizes_, scores, mask));
 }
 
 TEST_P(StageTest, WeightedSum) {
     const std::vector<float> &probs = ref_->float32.probs, &v = ref_->float32.v;
     GuardedOutput ctx(q_shape());
-    ATTN_RUN_OR_REFUSE(variant(), stages::weighted_sum(variant(), config(), view_of(probs, score_shape()), view_of(v, kv_shape()), ctx.view()));
+    ATTN_RUN_OR_REFUSE(
+        variant(), "weighted_sum",
+        stages::weighted_sum(variant(), config(), view_of(probs, score_shape()), view_of(v, kv_shape()), ctx.view()));
     const std::vector<double> pd(probs.begin(), probs.end()), vd(v.begin(), v.end());
-    expect_matches_reference("ctx", ctx, reference::weighted_sum(config(), sizes_, pd, vd), reference::weighted_sum(config(), sizes_, probs, v));
+    expect_matches_reference("ctx", ctx, reference::weighted_sum(config(), sizes_, pd, vd),
+                             reference::weighted_sum(config(), sizes_, probs, v));
 }
 
 TEST_P(StageTest, OutputLayerNorm) {
     const std::vector<float> &ctx = ref_->float32.ctx;
     const AttentionInputs in = data_->inputs();
     GuardedOutput y(q_shape());
-    ATTN_RUN_OR_REFUSE(variant(), stages::output_layernorm(variant(), config(), view_of(ctx, q_shape()), in.x, data_->weights(), y.view()));
+    ATTN_RUN_OR_REFUSE(
+        variant(), "output_layernorm",
+        stages::output_layernorm(variant(), config(), view_of(ctx, q_shape()), in.x, data_->weights(), y.view()));
     const std::vector<double> cd(ctx.begin(), ctx.end());
-    expect_matches_reference("y", y, reference::output_layernorm(config(), sizes_, cd, reference::widen<double>(in.x), data_->weights()),
-          reference::output_layernorm(config(), sizes_, ctx, reference::widen<float>(in.x), data_->weights()));
+    expect_matches_reference(
+        "y", y, reference::output_layernorm(config(), sizes_, cd, reference::widen<double>(in.x), data_->weights()),
+        reference::output_layernorm(config(), sizes_, ctx, reference::widen<float>(in.x), data_->weights()));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, StageTest,
@@ -129,15 +144,23 @@ TEST_P(SoftmaxFillTest, MatchesReference) {
     std::vector<float> scores(std::size_t(p.batch * p.heads * p.s_q * p.s_k));
     for (std::size_t i = 0; i < scores.size(); ++i) {
         switch (fill) {
-        case Fill::all_negative: scores[i] = -1000.0f - 50.0f * unit(rng); break;
-        case Fill::huge_magnitude: scores[i] = (unit(rng) - 0.5f) * 2e4f; break;
-        case Fill::ties_at_max: scores[i] = unit(rng) < 0.5f ? 3.0f : std::floor(3.0f * unit(rng)); break;
+            case Fill::all_negative:
+                scores[i] = -1000.0f - 50.0f * unit(rng);
+                break;
+            case Fill::huge_magnitude:
+                scores[i] = (unit(rng) - 0.5f) * 2e4f;
+                break;
+            case Fill::ties_at_max:
+                scores[i] = unit(rng) < 0.5f ? 3.0f : std::floor(3.0f * unit(rng));
+                break;
         }
     }
     const Shape shape{p.batch, p.heads, p.s_q, p.s_k};
     GuardedOutput probs(shape);
     const MaskTensor mask = data.inputs().key_padding_mask;
-    ATTN_RUN_OR_REFUSE(variant, stages::masked_softmax(variant, p.config(), {scores.data(), scores.size(), shape}, mask, probs.view()));
+    ATTN_RUN_OR_REFUSE(
+        variant, "masked_softmax",
+        stages::masked_softmax(variant, p.config(), {scores.data(), scores.size(), shape}, mask, probs.view()));
     const std::vector<double> sd(scores.begin(), scores.end());
     const reference::Sizes sizes{p.batch, p.s_q, p.s_k};
     expect_matches_reference("probs", probs, reference::masked_softmax(p.config(), sizes, sd, mask),

@@ -2,7 +2,7 @@
 # The autotuner (tools/autotune.py): searches, measures and freezes the fastest
 # schedule of one AOT function for one ISA into schedules/autotuned/<isa>/. Builds the
 # generators and the benchmark harness first. Arguments go to tools/autotune.py, e.g.
-#   tools/autotune.sh --isa avx2 --function self_attention --budget-minutes 30
+#   tools/autotune.sh --isa avx2 --function attention_layer --budget-minutes 30
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tools/setup.sh

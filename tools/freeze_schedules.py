@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """Regenerates the frozen autoscheduled schedules under schedules/frozen/.
 
-For every autoscheduler, ISA and AOT function of the variant list (ATTN_STAGES in
-cmake/AttnVariants.cmake, targets from cmake/AttnTargets.cmake), runs the project's
-generator with the autoscheduler plugin and keeps the emitted .schedule.h as
+For every frozen schedule source of manifest.json, every ISA that has a variant of it and
+every function it provides there, runs the project's generator with the autoscheduler
+plugin and the manifest's parameters, and keeps the emitted .schedule.h as
 schedules/frozen/<source>/<isa>/<function>.schedule.h, then writes
 schedules/frozen/registry.inc, which records for each schedule the pipeline index
 and name of every Func it looks up, so a schedule that no longer matches the
 algorithm fails the build (see schedules/schedule_source.cpp). Never edit the
 outputs by hand; run:
 
-    tools/freeze_schedules.sh [--sources adams2019 ...] [--isas avx2 ...] [--jobs N]
+    tools/freeze_schedules.sh [--sources adams2019 ...] [--isas avx2 ...] [--functions ...] [--jobs N]
 """
 import argparse
 import concurrent.futures
@@ -22,40 +22,24 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import manifest as manifest_lib  # noqa: E402
+from manifest import ROOT  # noqa: E402
+
 FROZEN = ROOT / "schedules" / "frozen"
 
-# Autoscheduler name, plugin, and the parameters it runs with for the CPU ISAs (the 2-core CPU).
-# Adams2019's default beam (32) exhausts 24 GiB on the fused layer's pipeline, and
-# Anderson2021's ran past 10 minutes and 10 GiB per function, so the fused layer is
-# searched greedily (beam_size=1); the stages use the default.
-SOURCES = {
-    "mullapudi2016": ("Mullapudi2016", ["autoscheduler.parallelism=2"]),
-    "adams2019": ("Adams2019", ["autoscheduler.parallelism=2"]),
-}
-# GPU ISAs (cmake/AttnTargets.cmake) and the sources that schedule for them, with their
-# parameters: parallelism is an H100 SXM's 132 SMs. Adams2019 schedules CPUs only,
-# Anderson2021 GPUs only. (The opencl variants reuse the cuda schedules: see
-# schedules/schedule_source.cpp.)
-GPU_ISAS = {"cuda"}
-GPU_SOURCES = {
-    "mullapudi2016": ("Mullapudi2016", ["autoscheduler.experimental_gpu_schedule=1", "autoscheduler.parallelism=132"]),
-    "anderson2021": ("Anderson2021", ["autoscheduler.parallelism=132"]),
-}
+# How to get a schedule out of Halide 21's autoschedulers where their first try fails
+# (what to run is manifest.json's; these are workarounds of the tool):
 # Anderson2021 may place a Func between GPU block loops, which Halide then rejects
 # (seen on attention_scores: "Funcs cannot be scheduled in between GPU block loops"),
-# or fail with an empty message (self_attention_probs); such a function is searched
-# again without block-level compute_at (the third of the four search_space_options:
-# compute_root, inline, block level, thread level).
+# or fail with an empty message; such a function is searched again without block-level
+# compute_at (the third of the four search_space_options: compute_root, inline, block
+# level, thread level).
 ANDERSON_RETRY = ["autoscheduler.search_space_options=1101"]
 # Functions whose default Anderson2021 schedule Halide then rejects when the frozen
 # header is applied (output_layernorm: `sum.compute_at(mean, seqi).store_at(mean, seq)`,
 # "a potential race condition"): searched with ANDERSON_RETRY from the start.
 ANDERSON_RESTRICTED = {"output_layernorm"}
-# Li2018 is not frozen: Halide 21's Li2018 emits a .schedule.h that does not compile
-# (Funcs and Vars used undeclared, e.g. `scores$1.compute_root().split(key,v1,v2,...)`),
-# so its variants run the autoscheduler at build time instead (cmake/AttnVariants.cmake).
-FUSED_EXTRA = {"adams2019": ["autoscheduler.beam_size=1"], "anderson2021": ["autoscheduler.beam_size=1"]}
 # Adams2019 may emit an unroll of a loop whose extent is not constant, which Halide then
 # rejects (seen on avx2's fused layer with the flash core: "Can only unroll for loops
 # over a constant extent", q_heads over head_dim); such a function is searched again
@@ -67,46 +51,20 @@ def with_params(params, overrides):
     """params with each key=value of overrides replacing the same key (or added)."""
     keys = {o.split("=", 1)[0] for o in overrides}
     return [p for p in params if p.split("=", 1)[0] not in keys] + overrides
-DEFAULT_ISAS = ["sse41", "avx2", "avx512_zen4", "cuda"]
 
 
-def cmake_stages():
-    text = (ROOT / "cmake" / "AttnVariants.cmake").read_text()
-    block = re.search(r"set\(ATTN_STAGES(.*?)\)", text, re.S).group(1)
-    stages = []
-    for spec in re.findall(r'"([^"]+)"', block):
-        name, generator, params = (spec.split("|") + [""])[:3]
-        stages.append((name, generator, [p for p in params.split(",") if p]))
-    return stages
-
-
-def cmake_missing():
-    """{source or source_isa: functions not provided} (ATTN_MISSING_* in cmake/AttnVariants.cmake)."""
-    text = (ROOT / "cmake" / "AttnVariants.cmake").read_text()
-    found = dict(re.findall(r"set\(ATTN_MISSING_(\w+)\s+([^)]*)\)", text))
-    for key, names in found.items():  # one level of ${ATTN_MISSING_...} references
-        found[key] = re.sub(r"\$\{ATTN_MISSING_(\w+)\}", lambda m: found.get(m.group(1), ""), names)
-    return {key: set(names.split()) for key, names in found.items()}
-
-
-def cmake_targets():
-    text = (ROOT / "cmake" / "AttnTargets.cmake").read_text()
-    return dict(re.findall(r'set\(ATTN_TARGET_(\w+)\s+"([^"]+)"\)', text))
-
-
-# The algorithm's pure Vars (generators/attention_algorithm.h, Dims). Halide 21's
-# Mullapudi2016 emitter uses some of them in reorder() without declaring them, and its
-# GPU schedules use the Vars their tile() calls create (key_vo, key_vi, ...) undeclared
-# too. As Halide identifies a Var by its name, declaring every such Var at the top of
-# the schedule function makes the emitted schedule compile without changing what it does.
-PURE_VARS = ["hidden", "seq", "batch", "head", "head_dim", "key", "query", "in_feature", "query_block",
-             "query_in_block", "key_block", "key_chunk", "key_in_chunk"]
+# Halide 21's emitters use some of the algorithm's Vars (Mullapudi2016 in reorder()) and
+# the Vars their own tile() calls create (key_vo, key_vi, ...) without declaring them. As
+# Halide identifies a Var by its name, declaring every identifier the scheduling calls
+# use undeclared, at the top of the schedule function, makes the emitted schedule compile
+# without changing what it does.
 MARKER = "// Declared by tools/freeze_schedules.py"
-SCHEDULING_CALL = re.compile(r"\.(?:tile|gpu|gpu_blocks|gpu_threads|reorder|compute_at|store_at|split|fuse|"
-                             r"vectorize|unroll)\(((?:[^()]|\([^()]*\))*)\)")
+SCHEDULING_CALL = re.compile(r"\.(?:tile|gpu|gpu_blocks|gpu_threads|gpu_lanes|reorder|reorder_storage|compute_at|"
+                             r"store_at|split|fuse|vectorize|unroll|parallel|bound|bound_extent|rfactor|"
+                             r"compute_with|atomic)\(((?:[^()]|\([^()]*\))*)\)")
 
 
-def declare_pure_vars(text):
+def declare_used_vars(text):
     if MARKER in text:
         return text
     declared = set(re.findall(r"^    (?:Var|Func) ([\w$]+)[(= ]", text, re.M))
@@ -114,12 +72,12 @@ def declare_pure_vars(text):
     used = []
     for args in SCHEDULING_CALL.findall(text):
         args = re.sub(r"\w+::\w+", " ", args)  # TailStrategy::ShiftInwards, ...
+        args = re.sub(r'"[^"]*"', " ", args)  # names in strings
         used += re.findall(r"(?<![\w$])([A-Za-z_][\w$]*)", args)
-    missing = [v for v in PURE_VARS if v not in declared]
-    missing += sorted({v for v in used if v not in declared and v not in PURE_VARS and v not in ("true", "false")})
+    missing = sorted({v for v in used if v not in declared and v not in ("true", "false")})
     if not missing:
         return text
-    decl = f"    {MARKER} (Vars the emitter may use undeclared):\n"
+    decl = f"    {MARKER} (Vars the emitter uses undeclared):\n"
     decl += "".join(f'    [[maybe_unused]] Var {v}("{v}");\n' for v in missing)
     return text.replace("    using ::Halide::Var;\n", "    using ::Halide::Var;\n" + decl, 1)
 
@@ -130,26 +88,21 @@ GET_PIPELINE = "    auto pipeline = get_pipeline();\n"
 
 
 def fix_emitted(text):
-    return declare_pure_vars(text.replace(GET_PIPELINE, ""))
+    return declare_used_vars(text.replace(GET_PIPELINE, ""))
 
 
-def schedules_isa(source, isa):
-    return source in (GPU_SOURCES if isa in GPU_ISAS else SOURCES)
-
-
-def freeze_one(generator_exe, plugin_dir, source, isa, target, stage):
-    name, generator, params = stage
-    autoscheduler, as_params = (GPU_SOURCES if isa in GPU_ISAS else SOURCES)[source]
-    if generator == "attention_layer":
-        as_params = as_params + FUSED_EXTRA.get(source, [])
-    if source == "anderson2021" and name in ANDERSON_RESTRICTED:
+def freeze_one(manifest, generator_exe, plugin_dir, source, isa, function):
+    autoscheduler = manifest.sources[source]["autoscheduler"]
+    as_params = [f"autoscheduler.{k}={v}" for k, v in manifest.autoscheduler_params(source, isa, function).items()]
+    if source == "anderson2021" and function in ANDERSON_RESTRICTED:
         as_params = with_params(as_params, ANDERSON_RETRY)
-    function = f"attn_{name}_{source}_{isa}"
+    symbol = f"attn_{function}_{source}_{isa}"
     plugin = plugin_dir / f"libautoschedule_{autoscheduler.lower()}.so"
     with tempfile.TemporaryDirectory() as tmp:
         def command(autoscheduler_params):
-            return [str(generator_exe), "-g", generator, "-o", tmp, "-e", "schedule", "-f", function, "-p",
-                    str(plugin), f"target={target}", f"autoscheduler={autoscheduler}", *autoscheduler_params, *params]
+            return [str(generator_exe), "-g", manifest.function(function)["generator"], "-o", tmp, "-e", "schedule",
+                    "-f", symbol, "-p", str(plugin), f"target={manifest.target(isa)}", f"autoscheduler={autoscheduler}",
+                    *autoscheduler_params, f"function={function}", *manifest.generator_params(function)]
 
         start = time.time()
         result = subprocess.run(command(as_params), capture_output=True, text=True, timeout=900)
@@ -157,26 +110,26 @@ def freeze_one(generator_exe, plugin_dir, source, isa, target, stage):
             result = subprocess.run(command(with_params(as_params, RETRY[source])), capture_output=True, text=True,
                                     timeout=900)
         if result.returncode != 0:
-            raise RuntimeError(f"{function}: generator failed:\n{result.stderr[-2000:]}")
-        out = FROZEN / source / isa / f"{name}.schedule.h"
+            raise RuntimeError(f"{symbol}: generator failed:\n{result.stderr[-2000:]}")
+        out = FROZEN / source / isa / f"{function}.schedule.h"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(fix_emitted((pathlib.Path(tmp) / f"{function}.schedule.h").read_text()))
+        out.write_text(fix_emitted((pathlib.Path(tmp) / f"{symbol}.schedule.h").read_text()))
     return out, time.time() - start
 
 
 def write_registry():
     entries = []
     for header in sorted(FROZEN.glob("*/*/*.schedule.h")):
-        source, isa, stage = header.parent.parent.name, header.parent.name, header.name[: -len(".schedule.h")]
+        source, isa, function = header.parent.parent.name, header.parent.name, header.name[: -len(".schedule.h")]
         text = header.read_text()
-        function = re.search(r"inline void (apply_schedule_\w+)\(", text).group(1)
         lookups = re.findall(r"Func (\w+) = pipeline\.get_func\((\d+)\);", text)
         funcs = ", ".join(f'{{{index}, "{name}"}}' for name, index in sorted(lookups, key=lambda x: int(x[1])))
-        entries.append((header.relative_to(FROZEN), source, isa, stage, function, funcs))
+        apply = re.search(r"inline void (apply_schedule_\w+)\(", text).group(1)
+        entries.append((header.relative_to(FROZEN), source, isa, function, apply, funcs))
     lines = ["// Generated by tools/freeze_schedules.py. Do not edit: regenerate with tools/freeze_schedules.sh.",
-             "// ATTN_FROZEN(source, isa, stage, apply function, {{pipeline index, Func name}, ...})"]
+             "// ATTN_FROZEN(source, isa, function, apply function, {{pipeline index, Func name}, ...})"]
     lines += [f'#include "{path}"' for path, *_ in entries]
-    lines += [f"ATTN_FROZEN({s}, {i}, {st}, {fn}, ({{{funcs}}}))" for _, s, i, st, fn, funcs in entries]
+    lines += [f"ATTN_FROZEN({s}, {i}, {f}, {fn}, ({{{funcs}}}))" for _, s, i, f, fn, funcs in entries]
     (FROZEN / "registry.inc").write_text("\n".join(lines) + "\n")
     return len(entries)
 
@@ -187,10 +140,12 @@ def main():
     parser.add_argument("--plugins", help="folder of Halide's libautoschedule_*.so")
     parser.add_argument("--registry-only", action="store_true",
                         help="only re-declare pure Vars in existing headers and rewrite registry.inc")
-    all_sources = list(dict.fromkeys([*SOURCES, *GPU_SOURCES]))
-    parser.add_argument("--sources", nargs="+", default=all_sources, choices=all_sources)
-    parser.add_argument("--isas", nargs="+", default=DEFAULT_ISAS)
-    parser.add_argument("--stages", nargs="+", help="AOT function names (default: all of ATTN_STAGES)")
+    manifest = manifest_lib.load()
+    frozen_sources = [name for name, s in manifest.sources.items() if s["kind"] == "frozen"]
+    parser.add_argument("--sources", nargs="+", default=frozen_sources, choices=frozen_sources)
+    parser.add_argument("--isas", nargs="+", help="ISAs (default: every ISA with a variant of the source)")
+    parser.add_argument("--functions", nargs="+", choices=list(manifest.functions),
+                        help="functions (default: all that the source provides)")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)))
     args = parser.parse_args()
     if args.registry_only:
@@ -201,27 +156,23 @@ def main():
     if not args.generator or not args.plugins:
         parser.error("--generator and --plugins are required")
 
-    targets = cmake_targets()
-    stages = [s for s in cmake_stages() if not args.stages or s[0] in args.stages]
-    missing = cmake_missing()
-    work = [(src, isa, st) for src in args.sources for isa in args.isas if schedules_isa(src, isa) for st in stages
-            if st[0] not in missing.get(src, set()) | missing.get(f"{src}_{isa}", set())]
-    for isa in args.isas:
-        if isa not in targets:
-            sys.exit(f"unknown ISA {isa}; known: {', '.join(targets)}")
+    work = [(source, isa, function) for source in args.sources for isa in manifest.frozen_isas(source)
+            if not args.isas or isa in args.isas
+            for function in manifest.functions if not args.functions or function in args.functions
+            if manifest.provides(source, isa, function)]
     print(f"freezing {len(work)} schedules with {args.jobs} jobs", flush=True)
     failures = 0
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(freeze_one, pathlib.Path(args.generator), pathlib.Path(args.plugins), src, isa,
-                               targets[isa], st): (src, isa, st[0]) for src, isa, st in work}
+        futures = {pool.submit(freeze_one, manifest, pathlib.Path(args.generator), pathlib.Path(args.plugins), src,
+                               isa, function): (src, isa, function) for src, isa, function in work}
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
-            src, isa, stage = futures[future]
+            src, isa, function = futures[future]
             try:
                 out, seconds = future.result()
-                print(f"[{done}/{len(work)}] {src} {isa} {stage}: {seconds:.1f} s", flush=True)
+                print(f"[{done}/{len(work)}] {src} {isa} {function}: {seconds:.1f} s", flush=True)
             except Exception as e:  # report every failure, keep the others
                 failures += 1
-                print(f"[{done}/{len(work)}] {src} {isa} {stage}: FAILED {e}", file=sys.stderr, flush=True)
+                print(f"[{done}/{len(work)}] {src} {isa} {function}: FAILED {e}", file=sys.stderr, flush=True)
     print(f"registry: {write_registry()} frozen schedules", flush=True)
     sys.exit(1 if failures else 0)
 

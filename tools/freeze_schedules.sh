@@ -2,7 +2,7 @@
 # Regenerates the checked-in autoscheduled schedules (schedules/frozen/) from the
 # generators: builds the generator executable, runs each autoscheduler plugin per
 # ISA and AOT function, rewrites schedules/frozen/registry.inc. Arguments go to
-# tools/freeze_schedules.py (--sources, --isas, --stages, --jobs).
+# tools/freeze_schedules.py (--sources, --isas, --functions, --jobs).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tools/setup.sh

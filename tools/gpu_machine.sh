@@ -96,12 +96,12 @@ bench)
   compare=(python3 bench/compare.py --bench "$carry/attn_bench" --out "$out/$part" --no-chart)
   long='_s(2048|4096|8192)_'
   case "$part" in
-  layer-short) "${compare[@]}" --device cuda --filter "^self_attention/" --exclude "$long" "$@" ;;
-  layer-long) "${compare[@]}" --device cuda --filter "^self_attention/.*$long" "$@" ;;
-  stages) "${compare[@]}" --device cuda --exclude "^self_attention/" "$@" ;;
+  layer-short) "${compare[@]}" --device cuda --filter "^attention_layer/" --exclude "$long" "$@" ;;
+  layer-long) "${compare[@]}" --device cuda --filter "^attention_layer/.*$long" "$@" ;;
+  stages) "${compare[@]}" --device cuda --exclude "^attention_layer/" "$@" ;;
   cpu)
     has_avx512 || { echo "bench cpu: this CPU has no AVX-512" >&2; exit 1; }
-    "${compare[@]}" --device cpu --filter "^self_attention/" --exclude "$long|/(mullapudi2016|adams2019|li2018)_" "$@"
+    "${compare[@]}" --device cpu --filter "^attention_layer/" --exclude "$long|/(mullapudi2016|adams2019|li2018)_" "$@"
     ;;
   *) echo "usage: tools/gpu_machine.sh [--out DIR] bench layer-short|layer-long|stages|cpu [compare.py options]" >&2
      exit 2 ;;

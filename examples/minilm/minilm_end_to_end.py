@@ -118,14 +118,13 @@ def accuracy(name, actual, exact, plain):
 
 
 class Refused(Exception):
-    """An autoscheduled variant's clean refusal: a shape smaller than its tiles, or a
-    function its autoscheduler could not schedule (ATTN_MISSING_* in cmake/AttnVariants.cmake)."""
+    """An autoscheduled variant's clean refusal of a shape smaller than its tiles."""
 
 
 def run_attn(attn, *args):
     result = subprocess.run([attn, *args], capture_output=True, text=True)
     if result.returncode != 0:
-        if " is accessed at " in result.stderr or "does not provide this function" in result.stderr:
+        if " is accessed at " in result.stderr:
             raise Refused(result.stderr.strip())
         raise SystemExit(f"attn {' '.join(args)} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
     return result.stdout
@@ -195,6 +194,9 @@ def main():
     for variant in json.loads(run_attn(args.attn, "variants", "--json")):
         if not variant["runnable"]:
             print(f"  {variant['name']:<34} not runnable here: {variant['not_runnable_reason']}")
+            continue
+        if "attention_layer" not in variant["functions"]:  # manifest.json: not_provided
+            print(f"  {variant['name']:<34} does not provide the fused layer (attention_layer)")
             continue
         try:
             run_attn(args.attn, "run", "--model", str(model_dir), "--layer", "0", "--input", str(args.work / "x.npy"),

@@ -1,10 +1,11 @@
 // The thin runtime: validate, view caller memory as Halide buffers (no copies),
 // call the AOT function, turn any failure into attn::Error.
 #include "attn/attention.h"
-#include "kernels.h"
+#include "attn/internal.h"
 
 #include <HalideBuffer.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -13,8 +14,6 @@
 namespace attn {
 
 namespace {
-
-using detail::Kernels;
 
 std::string str(const Shape &shape) {
     std::string s = "[";
@@ -36,7 +35,8 @@ const Shape &check_rank(const char *name, const TensorView<T> &t, std::size_t ra
         throw Error(name, "expected rank " + std::to_string(rank) + " " + layout + ", got shape " + str(t.shape));
     }
     for (int64_t d : t.shape) {
-        if (d <= 0) throw Error(name, std::string("expected positive extents ") + layout + ", got shape " + str(t.shape));
+        if (d <= 0)
+            throw Error(name, std::string("expected positive extents ") + layout + ", got shape " + str(t.shape));
     }
     return t.shape;
 }
@@ -114,8 +114,8 @@ Halide::Runtime::Buffer<T> halide_view(const TensorView<T> &t) {
 Halide::Runtime::Buffer<float> head_view(const MutableTensor &t, int64_t heads) {
     const int32_t batch = int32_t(t.shape[0]), seq = int32_t(t.shape[1]), hidden = int32_t(t.shape[2]);
     const int32_t head_dim = int32_t(hidden / heads);
-    halide_dimension_t dims[4] = {{0, head_dim, 1}, {0, int32_t(heads), head_dim}, {0, seq, hidden},
-                                  {0, batch, seq * hidden}};
+    halide_dimension_t dims[4] = {
+        {0, head_dim, 1}, {0, int32_t(heads), head_dim}, {0, seq, hidden}, {0, batch, seq * hidden}};
     return Halide::Runtime::Buffer<float>(t.data, 4, dims);
 }
 
@@ -197,12 +197,12 @@ void make_bias(BiasArgument &b, const ConstTensor &bias, int64_t batch, int64_t 
     }
     const char *layout = "[B or 1, heads or 1, S_q, S_k]";
     const Shape &shape = check_rank("bias", bias, 4, layout);
-    const bool ok = (shape[0] == batch || shape[0] == 1) && (shape[1] == heads || shape[1] == 1) &&
-                    shape[2] == s_q && shape[3] == s_k;
+    const bool ok = (shape[0] == batch || shape[0] == 1) && (shape[1] == heads || shape[1] == 1) && shape[2] == s_q &&
+                    shape[3] == s_k;
     if (!ok) {
         throw Error("bias", std::string("expected shape ") + layout + " = [" + std::to_string(batch) + " or 1, " +
-                                std::to_string(heads) + " or 1, " + std::to_string(s_q) + ", " +
-                                std::to_string(s_k) + "], got " + str(shape));
+                                std::to_string(heads) + " or 1, " + std::to_string(s_q) + ", " + std::to_string(s_k) +
+                                "], got " + str(shape));
     }
     check_tensor("bias", bias, shape, layout);
     const int32_t head_stride = shape[1] == 1 ? 0 : sq * sk;
@@ -280,12 +280,17 @@ private:
     std::vector<std::pair<const char *, halide_buffer_t *>> host_outputs_;
 };
 
-// Runs `call` (given the CallBuffers to place its buffers with) and turns a failure into attn::Error.
-template <typename Call>
-void run_pipeline(const std::string &pipeline, const VariantInfo &variant, Call call) {
+// Runs the variant's `function` for sequences of max(S_q, S_k) = `seq`: `bind` names its
+// arguments (placing buffers with the CallBuffers); a failure becomes attn::Error.
+template <typename Bind>
+void run_pipeline(const std::string &function, const VariantInfo &variant, int64_t seq, Bind bind) {
+    const detail::CompiledFunction &compiled = detail::function_for(variant, function, seq);
     prepare_halide(variant);
     CallBuffers buffers(variant);
-    check_halide(call(buffers), "halide", pipeline + " (" + variant.name + ")");
+    detail::Arguments arguments;
+    bind(buffers, arguments);
+    const std::string what = function + " (" + variant.name + ")";
+    check_halide(detail::call(compiled, arguments, what), "halide", what);
     buffers.copy_outputs_to_host();
 }
 
@@ -299,9 +304,16 @@ halide_buffer_t *placed_or_input(CallBuffers &c, const char *name, Argument &a) 
 struct WeightViews {
     Halide::Runtime::Buffer<const float> w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
     explicit WeightViews(const LayerWeights &w)
-        : w_q(halide_view(w.w_q)), w_k(halide_view(w.w_k)), w_v(halide_view(w.w_v)), w_o(halide_view(w.w_o)),
-          b_q(halide_view(w.b_q)), b_k(halide_view(w.b_k)), b_v(halide_view(w.b_v)), b_o(halide_view(w.b_o)),
-          gamma(halide_view(w.gamma)), beta(halide_view(w.beta)) {}
+        : w_q(halide_view(w.w_q)),
+          w_k(halide_view(w.w_k)),
+          w_v(halide_view(w.w_v)),
+          w_o(halide_view(w.w_o)),
+          b_q(halide_view(w.b_q)),
+          b_k(halide_view(w.b_k)),
+          b_v(halide_view(w.b_v)),
+          b_o(halide_view(w.b_o)),
+          gamma(halide_view(w.gamma)),
+          beta(halide_view(w.beta)) {}
 };
 
 }  // namespace
@@ -340,7 +352,7 @@ std::size_t detail::host_to_device_copies() { return uploads.load(); }
 void synchronize(const VariantInfo &variant) {
     const halide_device_interface_t *gpu = detail::device_interface(variant.device);
     if (!gpu) return;
-    detail::runnable_kernels(variant);  // a variant that cannot run here has nothing queued
+    detail::runnable_functions(variant);  // a variant that cannot run here has nothing queued
     prepare_halide(variant);
     check_halide(halide_device_sync_global(nullptr, gpu), "halide", "synchronizing " + variant.name);
 }
@@ -356,7 +368,7 @@ Attention::Attention(Config config, LayerWeights weights, const std::string &var
 void Attention::synchronize() const { attn::synchronize(*variant_); }
 
 void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTensor probs) const {
-    const Kernels &kernels = detail::runnable_kernels(*variant_);
+    detail::runnable_functions(*variant_);  // a variant that cannot run here is refused first
     const int64_t hidden = config_.hidden_size, heads = config_.num_heads;
     const char *x_layout = "[B, S_q, H]";
     const Shape &x_shape = check_rank("x", in.x, 3, x_layout);
@@ -385,69 +397,39 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     BiasArgument bias;
     make_bias(bias, in.bias, batch, heads, s_q, s_k, gpu, device_weights_ ? &device_weights_->zeros : nullptr);
     std::unique_ptr<WeightViews> host_weights;
-    WeightViews &w = device_weights_ ? device_weights_->views : *(host_weights = std::make_unique<WeightViews>(weights_));
+    WeightViews &w =
+        device_weights_ ? device_weights_->views : *(host_weights = std::make_unique<WeightViews>(weights_));
     auto x = halide_view(in.x);
     auto y_buf = halide_view(y);
-    const bool causal = config_.causal;
-    const int32_t h = int32_t(heads);
-    const float eps = config_.layer_norm_eps;
-    // The arguments every function of the layer shares, placed for the variant's device.
-    struct Shared {
-        halide_buffer_t *w_q, *w_k, *w_v, *w_o, *b_q, *b_k, *b_v, *b_o, *gamma, *beta, *mask, *bias;
-    };
-    auto shared = [&](CallBuffers &c) {
+    Halide::Runtime::Buffer<float> probs_buf;
+    if (want_probs) probs_buf = halide_view(probs);
+    // Self-attention passes x as kv: the layer's one function takes both.
+    auto kv = cross ? halide_view(in.kv) : x;
+    const std::string function = want_probs ? "attention_layer_probs" : "attention_layer";
+    run_pipeline(function, *variant_, std::max(s_q, s_k), [&](CallBuffers &c, detail::Arguments &a) {
         auto weight = [&](const char *name, Halide::Runtime::Buffer<const float> &b, const ConstTensor &t) {
-            return device_weights_ ? b.raw_buffer() : c.input(name, b, t.memory);  // uploaded by the constructor
+            a.buffer(name,
+                     device_weights_ ? b.raw_buffer() : c.input(name, b, t.memory));  // uploaded by the constructor
         };
-        return Shared{weight("w_q", w.w_q, weights_.w_q), weight("w_k", w.w_k, weights_.w_k),
-                      weight("w_v", w.w_v, weights_.w_v), weight("w_o", w.w_o, weights_.w_o),
-                      weight("b_q", w.b_q, weights_.b_q), weight("b_k", w.b_k, weights_.b_k),
-                      weight("b_v", w.b_v, weights_.b_v), weight("b_o", w.b_o, weights_.b_o),
-                      weight("gamma", w.gamma, weights_.gamma), weight("beta", w.beta, weights_.beta),
-                      placed_or_input(c, "key_padding_mask", mask), placed_or_input(c, "bias", bias)};
-    };
-    if (!cross && !want_probs) {
-        run_pipeline("self_attention", *variant_, [&](CallBuffers &c) {
-            const Shared s = shared(c);
-            return kernels.self_attention(c.input("x", x, in.x.memory), s.w_q, s.w_k, s.w_v, s.w_o, s.b_q, s.b_k,
-                                          s.b_v, s.b_o, s.gamma, s.beta, s.mask, s.bias, causal, h, eps,
-                                          c.output("y", y_buf, y.memory));
-        });
-    } else if (!cross) {
-        auto p = halide_view(probs);
-        run_pipeline("self_attention_probs", *variant_, [&](CallBuffers &c) {
-            const Shared s = shared(c);
-            return kernels.self_attention_probs(c.input("x", x, in.x.memory), s.w_q, s.w_k, s.w_v, s.w_o, s.b_q,
-                                                s.b_k, s.b_v, s.b_o, s.gamma, s.beta, s.mask, s.bias, causal, h, eps,
-                                                c.output("y", y_buf, y.memory), c.output("probs", p, probs.memory));
-        });
-    } else {
-        auto kv = halide_view(in.kv);
-        if (!want_probs) {
-            run_pipeline("cross_attention", *variant_, [&](CallBuffers &c) {
-                const Shared s = shared(c);
-                return kernels.cross_attention(c.input("x", x, in.x.memory), s.w_q, s.w_k, s.w_v, s.w_o, s.b_q,
-                                               s.b_k, s.b_v, s.b_o, s.gamma, s.beta, s.mask, s.bias, causal, h, eps,
-                                               c.input("kv", kv, in.kv.memory), c.output("y", y_buf, y.memory));
-            });
-        } else {
-            auto p = halide_view(probs);
-            run_pipeline("cross_attention_probs", *variant_, [&](CallBuffers &c) {
-                const Shared s = shared(c);
-                return kernels.cross_attention_probs(
-                    c.input("x", x, in.x.memory), s.w_q, s.w_k, s.w_v, s.w_o, s.b_q, s.b_k, s.b_v, s.b_o, s.gamma,
-                    s.beta, s.mask, s.bias, causal, h, eps, c.input("kv", kv, in.kv.memory),
-                    c.output("y", y_buf, y.memory), c.output("probs", p, probs.memory));
-            });
-        }
-    }
+        weight("w_q", w.w_q, weights_.w_q), weight("w_k", w.w_k, weights_.w_k), weight("w_v", w.w_v, weights_.w_v);
+        weight("w_o", w.w_o, weights_.w_o), weight("b_q", w.b_q, weights_.b_q), weight("b_k", w.b_k, weights_.b_k);
+        weight("b_v", w.b_v, weights_.b_v), weight("b_o", w.b_o, weights_.b_o);
+        weight("gamma", w.gamma, weights_.gamma), weight("beta", w.beta, weights_.beta);
+        a.buffer("key_padding_mask", placed_or_input(c, "key_padding_mask", mask));
+        a.buffer("bias", placed_or_input(c, "bias", bias));
+        halide_buffer_t *x_buffer = c.input("x", x, in.x.memory);
+        a.buffer("x", x_buffer).buffer("kv", cross ? c.input("kv", kv, in.kv.memory) : x_buffer);
+        a.scalar("causal", config_.causal).scalar("heads", int32_t(heads)).scalar("eps", config_.layer_norm_eps);
+        a.buffer("y", c.output("y", y_buf, y.memory));
+        if (want_probs) a.buffer("probs", c.output("probs", probs_buf, probs.memory));
+    });
 }
 
 namespace stages {
 
 void qkv_projection(const VariantInfo &variant, const Config &config, ConstTensor x_q, ConstTensor x_kv,
                     const LayerWeights &weights, MutableTensor q, MutableTensor k, MutableTensor v) {
-    const Kernels &kernels = detail::runnable_kernels(variant);
+    detail::runnable_functions(variant);
     check_config(config);
     check_weights(config, weights, true, false);
     const int64_t hidden = config.hidden_size;
@@ -462,19 +444,19 @@ void qkv_projection(const VariantInfo &variant, const Config &config, ConstTenso
     auto w_q = halide_view(weights.w_q), w_k = halide_view(weights.w_k), w_v = halide_view(weights.w_v);
     auto b_q = halide_view(weights.b_q), b_k = halide_view(weights.b_k), b_v = halide_view(weights.b_v);
     auto q_buf = halide_view(q), k_buf = halide_view(k), v_buf = halide_view(v);
-    run_pipeline("qkv_projection", variant, [&](CallBuffers &c) {
-        return kernels.qkv_projection(
-            c.input("x_q", xq_buf, x_q.memory), c.input("x_kv", xkv_buf, x_kv.memory),
-            c.input("w_q", w_q, weights.w_q.memory), c.input("w_k", w_k, weights.w_k.memory),
-            c.input("w_v", w_v, weights.w_v.memory), c.input("b_q", b_q, weights.b_q.memory),
-            c.input("b_k", b_k, weights.b_k.memory), c.input("b_v", b_v, weights.b_v.memory),
-            c.output("q", q_buf, q.memory), c.output("k", k_buf, k.memory), c.output("v", v_buf, v.memory));
+    run_pipeline("qkv_projection", variant, std::max(xq[1], s_k), [&](CallBuffers &c, detail::Arguments &a) {
+        a.buffer("x_q", c.input("x_q", xq_buf, x_q.memory)).buffer("x_kv", c.input("x_kv", xkv_buf, x_kv.memory));
+        a.buffer("w_q", c.input("w_q", w_q, weights.w_q.memory)).buffer("w_k", c.input("w_k", w_k, weights.w_k.memory));
+        a.buffer("w_v", c.input("w_v", w_v, weights.w_v.memory)).buffer("b_q", c.input("b_q", b_q, weights.b_q.memory));
+        a.buffer("b_k", c.input("b_k", b_k, weights.b_k.memory)).buffer("b_v", c.input("b_v", b_v, weights.b_v.memory));
+        a.buffer("q", c.output("q", q_buf, q.memory)).buffer("k", c.output("k", k_buf, k.memory));
+        a.buffer("v", c.output("v", v_buf, v.memory));
     });
 }
 
-void attention_scores(const VariantInfo &variant, const Config &config, ConstTensor q, ConstTensor k,
-                      ConstTensor bias, MutableTensor scores) {
-    const Kernels &kernels = detail::runnable_kernels(variant);
+void attention_scores(const VariantInfo &variant, const Config &config, ConstTensor q, ConstTensor k, ConstTensor bias,
+                      MutableTensor scores) {
+    detail::runnable_functions(variant);
     check_config(config);
     const int64_t hidden = config.hidden_size, heads = config.num_heads;
     const Shape &qs = check_rank("q", q, 3, "[B, S_q, H]");
@@ -487,16 +469,16 @@ void attention_scores(const VariantInfo &variant, const Config &config, ConstTen
     make_bias(b, bias, qs[0], heads, qs[1], s_k, detail::device_interface(variant.device));
     auto q_buf = halide_view(q), k_buf = halide_view(k);
     auto s_buf = halide_view(scores);
-    run_pipeline("attention_scores", variant, [&](CallBuffers &c) {
-        return kernels.attention_scores(c.input("q", q_buf, q.memory), c.input("k", k_buf, k.memory),
-                                        placed_or_input(c, "bias", b), int32_t(heads),
-                                        c.output("scores", s_buf, scores.memory));
+    run_pipeline("attention_scores", variant, std::max(qs[1], s_k), [&](CallBuffers &c, detail::Arguments &a) {
+        a.buffer("q", c.input("q", q_buf, q.memory)).buffer("k", c.input("k", k_buf, k.memory));
+        a.buffer("bias", placed_or_input(c, "bias", b)).scalar("heads", int32_t(heads));
+        a.buffer("scores", c.output("scores", s_buf, scores.memory));
     });
 }
 
-void masked_softmax(const VariantInfo &variant, const Config &config, ConstTensor scores,
-                    MaskTensor key_padding_mask, MutableTensor probs) {
-    const Kernels &kernels = detail::runnable_kernels(variant);
+void masked_softmax(const VariantInfo &variant, const Config &config, ConstTensor scores, MaskTensor key_padding_mask,
+                    MutableTensor probs) {
+    detail::runnable_functions(variant);
     check_config(config);
     const char *layout = "[B, heads, S_q, S_k]";
     const Shape &s = check_rank("scores", scores, 4, layout);
@@ -507,16 +489,16 @@ void masked_softmax(const VariantInfo &variant, const Config &config, ConstTenso
     make_mask(mask, key_padding_mask, s[0], s[3], detail::device_interface(variant.device));
     auto s_buf = halide_view(scores);
     auto p_buf = halide_view(probs);
-    run_pipeline("masked_softmax", variant, [&](CallBuffers &c) {
-        return kernels.masked_softmax(c.input("scores", s_buf, scores.memory),
-                                      placed_or_input(c, "key_padding_mask", mask), config.causal,
-                                      c.output("probs", p_buf, probs.memory));
+    run_pipeline("masked_softmax", variant, std::max(s[2], s[3]), [&](CallBuffers &c, detail::Arguments &a) {
+        a.buffer("scores", c.input("scores", s_buf, scores.memory));
+        a.buffer("key_padding_mask", placed_or_input(c, "key_padding_mask", mask)).scalar("causal", config.causal);
+        a.buffer("probs", c.output("probs", p_buf, probs.memory));
     });
 }
 
 void weighted_sum(const VariantInfo &variant, const Config &config, ConstTensor probs, ConstTensor v,
                   MutableTensor ctx) {
-    const Kernels &kernels = detail::runnable_kernels(variant);
+    detail::runnable_functions(variant);
     check_config(config);
     const int64_t hidden = config.hidden_size, heads = config.num_heads;
     const char *layout = "[B, heads, S_q, S_k]";
@@ -526,15 +508,15 @@ void weighted_sum(const VariantInfo &variant, const Config &config, ConstTensor 
     check_tensor("ctx", ctx, {p[0], p[2], hidden}, "[B, S_q, H]");
     auto p_buf = halide_view(probs), v_buf = halide_view(v);
     auto ctx_buf = head_view(ctx, heads);
-    run_pipeline("weighted_sum", variant, [&](CallBuffers &c) {
-        return kernels.weighted_sum(c.input("probs", p_buf, probs.memory), c.input("v", v_buf, v.memory),
-                                    c.output("ctx", ctx_buf, ctx.memory));
+    run_pipeline("weighted_sum", variant, std::max(p[2], p[3]), [&](CallBuffers &c, detail::Arguments &a) {
+        a.buffer("probs", c.input("probs", p_buf, probs.memory)).buffer("v", c.input("v", v_buf, v.memory));
+        a.buffer("ctx", c.output("ctx", ctx_buf, ctx.memory));
     });
 }
 
 void output_layernorm(const VariantInfo &variant, const Config &config, ConstTensor ctx, ConstTensor x,
                       const LayerWeights &weights, MutableTensor y) {
-    const Kernels &kernels = detail::runnable_kernels(variant);
+    detail::runnable_functions(variant);
     check_config(config);
     check_weights(config, weights, false, true);
     const int64_t hidden = config.hidden_size;
@@ -547,11 +529,12 @@ void output_layernorm(const VariantInfo &variant, const Config &config, ConstTen
     auto y_buf = halide_view(y);
     auto w_o = halide_view(weights.w_o), b_o = halide_view(weights.b_o);
     auto gamma = halide_view(weights.gamma), beta = halide_view(weights.beta);
-    run_pipeline("output_layernorm", variant, [&](CallBuffers &c) {
-        return kernels.output_layernorm(
-            c.input("ctx", ctx_buf, ctx.memory), c.input("x", x_buf, x.memory), c.input("w_o", w_o, weights.w_o.memory),
-            c.input("b_o", b_o, weights.b_o.memory), c.input("gamma", gamma, weights.gamma.memory),
-            c.input("beta", beta, weights.beta.memory), config.layer_norm_eps, c.output("y", y_buf, y.memory));
+    run_pipeline("output_layernorm", variant, xs[1], [&](CallBuffers &c, detail::Arguments &a) {
+        a.buffer("ctx", c.input("ctx", ctx_buf, ctx.memory)).buffer("x", c.input("x", x_buf, x.memory));
+        a.buffer("w_o", c.input("w_o", w_o, weights.w_o.memory)).buffer("b_o", c.input("b_o", b_o, weights.b_o.memory));
+        a.buffer("gamma", c.input("gamma", gamma, weights.gamma.memory));
+        a.buffer("beta", c.input("beta", beta, weights.beta.memory)).scalar("eps", config.layer_norm_eps);
+        a.buffer("y", c.output("y", y_buf, y.memory));
     });
 }
 

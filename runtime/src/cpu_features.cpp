@@ -1,10 +1,10 @@
 // Run-time ISA check. Halide 21's own multi-target dispatch does not know
-// avx512_zen4, so the runtime checks the CPU itself before calling a variant.
-// Each list matches the Halide target of the ISA in cmake/AttnTargets.cmake.
-#include "kernels.h"
+// avx512_zen4, so the runtime checks the CPU itself before calling a variant, against
+// the features manifest.json lists for the ISA.
+#include "attn/generated/manifest.h"
+#include "attn/internal.h"
 
-#include <map>
-#include <vector>
+#include <sstream>
 
 namespace attn::detail {
 
@@ -12,58 +12,33 @@ namespace {
 
 bool has(const std::string &feature) {
     __builtin_cpu_init();
-    // __builtin_cpu_supports needs a literal, hence the table.
+    // __builtin_cpu_supports needs a literal: one test per feature of the manifest.
 #define ATTN_FEATURE(name) \
     if (feature == name) return __builtin_cpu_supports(name);
-    ATTN_FEATURE("sse4.1")
-    ATTN_FEATURE("avx")
-    ATTN_FEATURE("avx2")
-    ATTN_FEATURE("fma")
-    ATTN_FEATURE("f16c")
-    ATTN_FEATURE("avx512f")
-    ATTN_FEATURE("avx512cd")
-    ATTN_FEATURE("avx512vl")
-    ATTN_FEATURE("avx512bw")
-    ATTN_FEATURE("avx512dq")
-    ATTN_FEATURE("avx512ifma")
-    ATTN_FEATURE("avx512vbmi")
-    ATTN_FEATURE("avx512vnni")
-    ATTN_FEATURE("avx512bf16")
+    ATTN_FOR_EACH_CPU_FEATURE(ATTN_FEATURE)
 #undef ATTN_FEATURE
     return false;
-}
-
-const std::map<std::string, std::vector<std::string>> &isa_features() {
-    static const std::map<std::string, std::vector<std::string>> table = [] {
-        std::map<std::string, std::vector<std::string>> t;
-        t["sse41"] = {"sse4.1"};
-        t["avx2"] = t["sse41"];
-        t["avx2"].insert(t["avx2"].end(), {"avx", "avx2", "fma", "f16c"});
-        t["avx512_skylake"] = t["avx2"];
-        t["avx512_skylake"].insert(t["avx512_skylake"].end(),
-                                   {"avx512f", "avx512cd", "avx512vl", "avx512bw", "avx512dq"});
-        t["avx512_zen4"] = t["avx512_skylake"];
-        t["avx512_zen4"].insert(t["avx512_zen4"].end(),
-                                {"avx512ifma", "avx512vbmi", "avx512vnni", "avx512bf16"});
-        return t;
-    }();
-    return table;
 }
 
 }  // namespace
 
 bool cpu_supports(const std::string &isa, std::string *missing) {
-    auto it = isa_features().find(isa);
-    if (it == isa_features().end()) {
-        if (missing) *missing = "unknown ISA '" + isa + "'";
-        return false;
+    for (const manifest::Isa &i : manifest::kIsas) {
+        if (isa != i.name) continue;
+        if (i.cross_compiled) {
+            if (missing) *missing = "'" + isa + "' is cross-compiled, never linked here";
+            return false;
+        }
+        std::string absent;
+        std::istringstream features(i.cpu_features);
+        for (std::string feature; features >> feature;) {
+            if (!has(feature)) absent += (absent.empty() ? "" : " ") + feature;
+        }
+        if (missing) *missing = absent.empty() ? "" : "this CPU lacks " + absent;
+        return absent.empty();
     }
-    std::string absent;
-    for (const std::string &feature : it->second) {
-        if (!has(feature)) absent += (absent.empty() ? "" : " ") + feature;
-    }
-    if (missing) *missing = absent.empty() ? "" : "this CPU lacks " + absent;
-    return absent.empty();
+    if (missing) *missing = "unknown ISA '" + isa + "'";
+    return false;
 }
 
 }  // namespace attn::detail

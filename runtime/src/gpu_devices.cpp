@@ -5,7 +5,7 @@
 // CUDA: Halide's runtime would create a context of its own; the pipelines here use the
 // device's primary context instead, the one the CUDA runtime API (cudaMalloc, PyTorch)
 // uses, so device pointers from those are valid in the kernels.
-#include "kernels.h"
+#include "attn/internal.h"
 
 #include <HalideRuntimeCuda.h>
 #include <HalideRuntimeOpenCL.h>

@@ -18,7 +18,8 @@ std::vector<T> linear(const std::vector<T> &in, int64_t rows, const ConstTensor 
     for (int64_t r = 0; r < rows; ++r) {
         for (int64_t o = 0; o < out_features; ++o) {
             T acc = T(bias.data[o]);
-            for (int64_t k = 0; k < in_features; ++k) acc += in[r * in_features + k] * T(weight.data[o * in_features + k]);
+            for (int64_t k = 0; k < in_features; ++k)
+                acc += in[r * in_features + k] * T(weight.data[o * in_features + k]);
             out[r * out_features + o] = acc;
         }
     }
@@ -130,14 +131,14 @@ LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &w, con
     return out;
 }
 
-#define ATTN_INSTANTIATE(T)                                                                                      \
-    template std::vector<T> linear(const std::vector<T> &, int64_t, const ConstTensor &, const ConstTensor &);   \
-    template std::vector<T> attention_scores(const Config &, Sizes, const std::vector<T> &,                      \
-                                             const std::vector<T> &, const ConstTensor &);                       \
-    template std::vector<T> masked_softmax(const Config &, Sizes, const std::vector<T> &, const MaskTensor &);   \
-    template std::vector<T> weighted_sum(const Config &, Sizes, const std::vector<T> &, const std::vector<T> &); \
-    template std::vector<T> output_layernorm(const Config &, Sizes, const std::vector<T> &,                      \
-                                             const std::vector<T> &, const LayerWeights &);                      \
+#define ATTN_INSTANTIATE(T)                                                                                         \
+    template std::vector<T> linear(const std::vector<T> &, int64_t, const ConstTensor &, const ConstTensor &);      \
+    template std::vector<T> attention_scores(const Config &, Sizes, const std::vector<T> &, const std::vector<T> &, \
+                                             const ConstTensor &);                                                  \
+    template std::vector<T> masked_softmax(const Config &, Sizes, const std::vector<T> &, const MaskTensor &);      \
+    template std::vector<T> weighted_sum(const Config &, Sizes, const std::vector<T> &, const std::vector<T> &);    \
+    template std::vector<T> output_layernorm(const Config &, Sizes, const std::vector<T> &, const std::vector<T> &, \
+                                             const LayerWeights &);                                                 \
     template LayerOutputs<T> attention_layer(const Config &, const LayerWeights &, const AttentionInputs &);
 ATTN_INSTANTIATE(float)
 ATTN_INSTANTIATE(double)

@@ -1,89 +1,94 @@
-// The variant table: built from the generated variant list (schedules/variants.cmake).
-#include "attn/generated/kernels.h"
-#include "kernels.h"
+// The variant table (what this build compiled, attn/generated/compiled_functions.inc,
+// described by manifest.json) and calling a compiled function by argument names.
+#include "attn/generated/manifest.h"
+#include "attn/internal.h"
 
 #include <algorithm>
 #include <deque>
+#include <sstream>
+
+// The compiled functions' headers (the table's macros are left undefined: only the includes).
+#include "attn/generated/compiled_functions.inc"
 
 namespace attn {
 
 namespace {
 
-// Stands in for a function a variant lacks (one its schedule source cannot provide,
-// see cmake/AttnVariants.cmake, or one a registered candidate does not have).
-template <typename... Args>
-int missing_function(Args...) {
-    halide_error(nullptr, "this variant does not provide this function\n");
-    return halide_error_code_generic_error;
-}
-template <typename... Args>
-void fill_missing(int (*&function)(Args...)) {
-    if (!function) function = missing_function<Args...>;
-}
-void fill_missing(detail::Kernels &k) {
-    fill_missing(k.qkv_projection);
-    fill_missing(k.attention_scores);
-    fill_missing(k.masked_softmax);
-    fill_missing(k.weighted_sum);
-    fill_missing(k.output_layernorm);
-    fill_missing(k.self_attention);
-    fill_missing(k.self_attention_probs);
-    fill_missing(k.cross_attention);
-    fill_missing(k.cross_attention_probs);
-}
-
 struct Entry {
     VariantInfo info;
-    detail::Kernels kernels;
-    bool registered = false;  // by detail::register_variant, not compiled in
+    detail::FunctionTable functions;
+    int dispatch_rank = 0;      // of its ISA; 0: chosen by name only
+    int dispatch_priority = 0;  // of its schedule source among an ISA's variants; 0: by name only
+    bool registered = false;    // by detail::register_variant, not compiled in
 };
 
-// The GPU "ISAs" of cmake/AttnTargets.cmake name their device; their host part is
-// built for the x86-64 baseline.
-bool is_gpu(const std::string &isa) { return isa == "cuda" || isa == "opencl"; }
+bool listed(const char *space_separated, const std::string &word) {
+    std::istringstream words(space_separated);
+    for (std::string w; words >> w;) {
+        if (w == word) return true;
+    }
+    return false;
+}
 
-Entry make_entry(const char *schedule, const char *isa, const char *target, detail::Kernels kernels) {
-    fill_missing(kernels);
-    Entry e{{}, kernels};
+Entry make_entry(const std::string &schedule, const std::string &isa, detail::FunctionTable functions) {
+    Entry e{{}, std::move(functions)};
     e.info.schedule = schedule;
     e.info.isa = isa;
-    e.info.name = e.info.schedule + "_" + e.info.isa;
-    e.info.target = target;
-    e.info.device = is_gpu(isa) ? isa : "cpu";
+    e.info.name = schedule + "_" + isa;
+    e.info.device = "cpu";
+    for (const manifest::Isa &i : manifest::kIsas) {
+        if (isa != i.name) continue;
+        e.info.target = i.halide_target;
+        e.info.device = i.device;
+        e.dispatch_rank = i.dispatch_rank;
+    }
+    for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
+        if (schedule != s.name) continue;
+        e.dispatch_priority = s.dispatch_priority;
+        e.info.bitwise_reproducible = !listed(s.not_bitwise_reproducible_on, isa);
+    }
+    for (const manifest::Function &f : manifest::kFunctions) {
+        if (e.functions.count(f.name)) e.info.functions.push_back(f.name);
+    }
     std::string missing;
-    e.info.runnable = detail::cpu_supports(is_gpu(isa) ? "sse41" : isa, &missing) &&
-                      detail::device_available(e.info.device, &missing);
+    e.info.runnable = detail::cpu_supports(isa, &missing) && detail::device_available(e.info.device, &missing);
     e.info.not_runnable_reason = missing;
     return e;
 }
 
-// The compiled variants, then any registered at run time (a deque: references stay valid).
+// The compiled variants in manifest order, then any registered at run time (a deque:
+// references stay valid).
 std::deque<Entry> &entries() {
-    static std::deque<Entry> table = {
-#define ATTN_VARIANT(schedule, isa, target)                                                              \
-    make_entry(#schedule, #isa, target,                                                                  \
-               {attn_qkv_projection_##schedule##_##isa, attn_attention_scores_##schedule##_##isa,        \
-                attn_masked_softmax_##schedule##_##isa, attn_weighted_sum_##schedule##_##isa,            \
-                attn_output_layernorm_##schedule##_##isa, attn_self_attention_##schedule##_##isa,        \
-                attn_self_attention_probs_##schedule##_##isa, attn_cross_attention_##schedule##_##isa,   \
-                attn_cross_attention_probs_##schedule##_##isa}),
-#include "attn/generated/variant_list.inc"
+    static std::deque<Entry> table = [] {
+        std::map<std::string, detail::FunctionTable> functions;  // by variant name
+#define ATTN_COMPILED(source, isa, function, max_seq, symbol) \
+    functions[#source "_" #isa][#function].push_back({max_seq, symbol##_argv, symbol##_metadata});
+#include "attn/generated/compiled_functions.inc"
+#undef ATTN_COMPILED
+        std::deque<Entry> t;
+#define ATTN_VARIANT(source, isa) t.push_back(make_entry(#source, #isa, functions[#source "_" #isa]));
+#include "attn/generated/compiled_functions.inc"
 #undef ATTN_VARIANT
-    };
+        return t;
+    }();
     return table;
-}
-
-// Wider vectors first; the list order breaks ties (autotuned, then hand-written
-// schedules come first there). GPU variants are chosen by name only.
-int isa_rank(const std::string &isa) {
-    static const std::vector<std::string> order = {"sse41", "avx2", "avx512_skylake", "avx512_zen4"};
-    return int(std::find(order.begin(), order.end(), isa) - order.begin());
 }
 
 std::string variant_names() {
     std::string names;
     for (const Entry &e : entries()) names += (names.empty() ? "" : ", ") + e.info.name;
     return names;
+}
+
+const Entry &runnable_entry(const VariantInfo &variant) {
+    for (const Entry &e : entries()) {
+        if (e.info.name != variant.name) continue;
+        if (!e.info.runnable) {
+            throw Error("variant", "'" + variant.name + "' cannot run here: " + e.info.not_runnable_reason);
+        }
+        return e;
+    }
+    throw Error("variant", "expected one of {" + variant_names() + "}, got '" + variant.name + "'");
 }
 
 }  // namespace
@@ -99,46 +104,110 @@ const std::vector<VariantInfo> &variants() {
     return infos;
 }
 
+// The runnable variant of the highest ISA dispatch rank, then of the highest schedule
+// source priority (manifest.json); a rank or priority of 0 is chosen by name only.
 const VariantInfo &select_variant(const std::string &name) {
-    const std::vector<VariantInfo> &all = variants();
     if (name.empty()) {
-        const VariantInfo *best = nullptr;
-        for (const VariantInfo &v : all) {
-            if (v.runnable && v.device == "cpu" && (!best || isa_rank(v.isa) > isa_rank(best->isa))) best = &v;
+        const Entry *best = nullptr;
+        for (const Entry &e : entries()) {
+            if (e.registered || !e.info.runnable || !e.dispatch_rank || !e.dispatch_priority) continue;
+            if (!best || std::pair(e.dispatch_rank, e.dispatch_priority) >
+                             std::pair(best->dispatch_rank, best->dispatch_priority)) {
+                best = &e;
+            }
         }
-        if (!best) throw Error("variant", "no compiled variant can run on this CPU (compiled: " + variant_names() + ")");
-        return *best;
-    }
-    for (const VariantInfo &v : all) {
-        if (v.name != name) continue;
-        if (!v.runnable) throw Error("variant", "'" + name + "' cannot run here: " + v.not_runnable_reason);
-        return v;
+        if (!best)
+            throw Error("variant", "no compiled variant can run on this CPU (compiled: " + variant_names() + ")");
+        return best->info;
     }
     for (const Entry &e : entries()) {
-        if (e.registered && e.info.name == name) return e.info;
+        if (e.info.name != name) continue;
+        if (!e.info.runnable) throw Error("variant", "'" + name + "' cannot run here: " + e.info.not_runnable_reason);
+        return e.info;
     }
     throw Error("variant", "expected one of {" + variant_names() + "}, got '" + name + "'");
 }
 
 namespace detail {
 
-const Kernels &runnable_kernels(const VariantInfo &variant) {
-    for (const Entry &e : entries()) {
-        if (e.info.name != variant.name) continue;
-        if (!e.info.runnable) {
-            throw Error("variant", "'" + variant.name + "' cannot run here: " + e.info.not_runnable_reason);
+Arguments &Arguments::add(const std::string &name, halide_buffer_t *buffer, halide_type_t type,
+                          halide_scalar_value_t scalar) {
+    values_.push_back({name, buffer, type, scalar});
+    return *this;
+}
+Arguments &Arguments::buffer(const std::string &name, halide_buffer_t *buffer) {
+    return add(name, buffer, halide_type_t(), halide_scalar_value_t());
+}
+Arguments &Arguments::scalar(const std::string &name, bool value) {
+    halide_scalar_value_t v;
+    v.u.b = value;
+    return add(name, nullptr, halide_type_t(halide_type_uint, 1), v);
+}
+Arguments &Arguments::scalar(const std::string &name, int32_t value) {
+    halide_scalar_value_t v;
+    v.u.i32 = value;
+    return add(name, nullptr, halide_type_t(halide_type_int, 32), v);
+}
+Arguments &Arguments::scalar(const std::string &name, float value) {
+    halide_scalar_value_t v;
+    v.u.f32 = value;
+    return add(name, nullptr, halide_type_t(halide_type_float, 32), v);
+}
+const Arguments::Value *Arguments::find(const char *name) const {
+    for (const Value &v : values_) {
+        if (v.name == name) return &v;
+    }
+    return nullptr;
+}
+
+int call(const CompiledFunction &function, const Arguments &arguments, const std::string &what) {
+    const halide_filter_metadata_t *metadata = function.metadata();
+    std::vector<void *> argv(std::size_t(metadata->num_arguments));
+    for (int i = 0; i < metadata->num_arguments; ++i) {
+        const halide_filter_argument_t &a = metadata->arguments[i];
+        const Arguments::Value *v = arguments.find(a.name);
+        const bool buffer = a.kind != halide_argument_kind_input_scalar;
+        if (!v || buffer != (v->buffer != nullptr) || (!buffer && !(v->type == a.type))) {
+            throw Error("variant", what + " takes the " + (buffer ? "buffer" : "scalar") + " argument '" + a.name +
+                                       "', which the runtime " +
+                                       (v ? "passes as another kind or type" : "does not pass") +
+                                       " (manifest.json and the generator disagree)");
         }
-        return e.kernels;
+        argv[std::size_t(i)] =
+            buffer ? static_cast<void *>(v->buffer) : const_cast<halide_scalar_value_t *>(&v->scalar);
+    }
+    return function.argv(argv.data());
+}
+
+const FunctionTable &compiled_functions(const VariantInfo &variant) {
+    for (const Entry &e : entries()) {
+        if (e.info.name == variant.name) return e.functions;
     }
     throw Error("variant", "expected one of {" + variant_names() + "}, got '" + variant.name + "'");
 }
 
-const VariantInfo &register_variant(VariantInfo info, Kernels kernels) {
+const FunctionTable &runnable_functions(const VariantInfo &variant) { return runnable_entry(variant).functions; }
+
+const CompiledFunction &function_for(const VariantInfo &variant, const std::string &function, int64_t seq) {
+    const FunctionTable &table = runnable_functions(variant);
+    const auto found = table.find(function);
+    if (found == table.end()) {
+        throw Error("variant", "'" + variant.name + "' does not provide " + function +
+                                   " (its schedule source cannot; see not_provided in manifest.json)");
+    }
+    for (const CompiledFunction &f : found->second) {
+        if (f.max_seq == 0 || seq <= f.max_seq) return f;
+    }
+    throw Error("variant", "'" + variant.name + "' has no " + function + " for sequences of " + std::to_string(seq));
+}
+
+const VariantInfo &register_variant(VariantInfo info, FunctionTable functions) {
     for (const Entry &e : entries()) {
         if (e.info.name == info.name) throw Error("variant", "'" + info.name + "' is already registered");
     }
-    Entry entry = make_entry(info.schedule.c_str(), info.isa.c_str(), info.target.c_str(), kernels);
+    Entry entry = make_entry(info.schedule, info.isa, std::move(functions));
     entry.info.name = info.name;
+    entry.info.target = info.target;
     entry.registered = true;
     entries().push_back(std::move(entry));
     return entries().back().info;

@@ -17,9 +17,9 @@ std::string one_layer_checkpoint() {
     std::string header = "{", data;
     auto add = [&](const std::string &name, bool matrix) {
         const std::size_t bytes = std::size_t(matrix ? h * h : h) * 4;
-        header += std::string(header.size() > 1 ? "," : "") + "\"attention." + name + "\":{\"dtype\":\"F32\",\"shape\":" +
-                  (matrix ? "[4,4]" : "[4]") + ",\"data_offsets\":[" + std::to_string(data.size()) + "," +
-                  std::to_string(data.size() + bytes) + "]}";
+        header += std::string(header.size() > 1 ? "," : "") + "\"attention." + name +
+                  "\":{\"dtype\":\"F32\",\"shape\":" + (matrix ? "[4,4]" : "[4]") + ",\"data_offsets\":[" +
+                  std::to_string(data.size()) + "," + std::to_string(data.size() + bytes) + "]}";
         data.append(bytes, '\0');
     };
     for (const char *name : {"self.query", "self.key", "self.value", "output.dense"}) {

@@ -13,9 +13,9 @@ const ReferenceRun &reference_run(const LayerData &data) {
     auto &slot = cache[data.problem.name()];
     if (!slot) {
         const Config config = data.problem.config();
-        slot = std::make_unique<ReferenceRun>(ReferenceRun{
-            reference::attention_layer<double>(config, data.weights(), data.inputs()),
-            reference::attention_layer<float>(config, data.weights(), data.inputs())});
+        slot = std::make_unique<ReferenceRun>(
+            ReferenceRun{reference::attention_layer<double>(config, data.weights(), data.inputs()),
+                         reference::attention_layer<float>(config, data.weights(), data.inputs())});
     }
     return *slot;
 }

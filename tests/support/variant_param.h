@@ -2,10 +2,12 @@
 // variant this CPU cannot run are skipped with the reason, never passed silently.
 #pragma once
 
-#include "problem.h"
+#include "attn/generated/manifest.h"
+#include "problems/problem.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
 #include <ostream>
 #include <tuple>
@@ -21,39 +23,53 @@ inline std::string variant_problem_name(const ::testing::TestParamInfo<VariantPr
     return std::get<0>(info.param).name + "__" + std::get<1>(info.param).name();
 }
 
-#define ATTN_SKIP_IF_NOT_RUNNABLE(variant)                                                          \
-    if (!(variant).runnable)                                                                       \
-    GTEST_SKIP() << "variant " << (variant).name << " (" << (variant).target                        \
+#define ATTN_SKIP_IF_NOT_RUNNABLE(variant)                                   \
+    if (!(variant).runnable)                                                 \
+    GTEST_SKIP() << "variant " << (variant).name << " (" << (variant).target \
                  << ") cannot run on this machine: " << (variant).not_runnable_reason
 
-// Autoscheduled variants come from schedules made for BERT-base sizes (H=768, S=128):
-// their tiles (ShiftInwards splits) assume every extent is at least a tile, and on a
-// smaller shape Halide refuses the call before computing anything, naming the buffer
-// ("... is accessed at -63, which is before the min (0) ...", or "at 6, which is beyond
-// the max (3)" for 4 heads in a tile of 8). For those variants that
-// refusal is the checked outcome on such shapes: ran_or_refused() returns false and
-// the test ends there as passed, after its outputs are checked untouched by the
-// caller. A refusal from a hand-written or autotuned variant, or any other error,
-// propagates.
+// Whether the variant provides the manifest function (VariantInfo::functions, from
+// manifest.json's not_provided).
+inline bool provides(const VariantInfo &variant, const std::string &function) {
+    return std::find(variant.functions.begin(), variant.functions.end(), function) != variant.functions.end();
+}
+
+// Runs `call`, a call of the variant's `function`; false when the variant does not run it,
+// in one of two checked ways:
+// - the variant does not provide the function (manifest.json): the call must be refused
+//   with attn::Error("variant") saying so;
+// - an autoscheduled variant (a frozen or in-process schedule source) and a shape smaller
+//   than the tiles of its schedule, made for BERT-base sizes (H=768, S=128): their
+//   ShiftInwards splits assume every extent is at least a tile, and Halide refuses the
+//   call before computing anything, naming the buffer ("... is accessed at -63, which is
+//   before the min (0) ..."). (Comparisons issue, part 2, makes these shapes run.)
+// A refusal from a hand-written or tuned variant, or any other error, propagates.
 template <typename Call>
-bool ran_or_refused(const VariantInfo &variant, Call &&call) {
+bool ran_or_refused(const VariantInfo &variant, const std::string &function, Call &&call) {
+    if (!provides(variant, function)) {
+        try {
+            call();
+        } catch (const Error &e) {
+            EXPECT_EQ(e.argument(), "variant") << e.what();
+            EXPECT_NE(std::string(e.what()).find("does not provide " + function), std::string::npos) << e.what();
+            std::cout << "[ REFUSED  ] " << variant.name << " does not provide " << function << ": " << e.what()
+                      << "\n";
+            return false;
+        }
+        ADD_FAILURE() << variant.name << " ran " << function << ", which manifest.json says it does not provide";
+        return false;
+    }
     try {
         call();
         return true;
     } catch (const Error &e) {
         const std::string what = e.what();
-        // Hand-written and autotuned (hand-written parameters) schedules run every shape.
-        const bool autoscheduled = variant.schedule != "manual" && variant.schedule != "autotuned";
-        const bool small_shape_refusal = autoscheduled && e.argument() == "halide" &&
-                                         what.find(" is accessed at ") != std::string::npos;
-        // A function the autoscheduler could not schedule (ATTN_MISSING_<source> in
-        // cmake/AttnVariants.cmake) is reported, never computed.
-        const bool not_provided = autoscheduled && e.argument() == "halide" &&
-                                  what.find("does not provide this function") != std::string::npos;
-        if (not_provided) {
-            std::cout << "[ REFUSED  ] " << variant.name << " does not provide this function: " << what << "\n";
-            return false;
+        bool autoscheduled = false;
+        for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
+            if (variant.schedule == s.name) autoscheduled = s.autoscheduler[0] != '\0';
         }
+        const bool small_shape_refusal =
+            autoscheduled && e.argument() == "halide" && what.find(" is accessed at ") != std::string::npos;
         if (!small_shape_refusal) throw;
         ::testing::Test::RecordProperty("refused", what);
         std::cout << "[ REFUSED  ] " << variant.name << " refuses this shape (smaller than its tiles): " << what
@@ -61,16 +77,11 @@ bool ran_or_refused(const VariantInfo &variant, Call &&call) {
         return false;
     }
 }
-#define ATTN_RUN_OR_REFUSE(variant, ...) \
-    if (!::attn::testing::ran_or_refused((variant), [&] { __VA_ARGS__; })) return
+#define ATTN_RUN_OR_REFUSE(variant, function, ...) \
+    if (!::attn::testing::ran_or_refused((variant), (function), [&] { __VA_ARGS__; })) return
 
-// Whether a variant gives the same bits for the same input on every run. Li2018's GPU
-// schedules sum the LayerNorm statistics with float atomics (compare-and-swap loops
-// across GPU threads), so the order of those additions, and the last bits of the
-// output, vary from run to run; every other schedule is reproducible.
-inline bool bitwise_reproducible(const VariantInfo &variant) {
-    return !(variant.schedule == "li2018" && variant.device != "cpu");
-}
+// The fused layer's function for a call with or without the probabilities.
+inline std::string layer_function(bool with_probs) { return with_probs ? "attention_layer_probs" : "attention_layer"; }
 
 // The double reference and the plain float32 run of a problem, computed once per problem.
 struct ReferenceRun {

@@ -11,16 +11,28 @@ python="$1" cxx="$2" halide_include="$3" bench="$4" generators="$5" plugins="$6"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 rm -rf "$work" && mkdir -p "$work"
 
-# A wrong masked_softmax: all probabilities 0.
+# A wrong masked_softmax: all probabilities 0. It has what a Halide function exports: an
+# entry point taking its arguments as an array, and metadata naming them.
 cat > "$work/wrong.cpp" <<'CPP'
 #include <HalideRuntime.h>
 #include <cstring>
-extern "C" int attn_masked_softmax_wrong(halide_buffer_t *, halide_buffer_t *, bool, halide_buffer_t *probs) {
+namespace {
+const halide_filter_argument_t arguments[] = {
+    {"scores", halide_argument_kind_input_buffer, 4, {halide_type_float, 32, 1}},
+    {"key_padding_mask", halide_argument_kind_input_buffer, 2, {halide_type_uint, 8, 1}},
+    {"causal", halide_argument_kind_input_scalar, 0, {halide_type_uint, 1, 1}},
+    {"probs", halide_argument_kind_output_buffer, 4, {halide_type_float, 32, 1}}};
+const halide_filter_metadata_t metadata = {halide_filter_metadata_t::VERSION, 4, arguments, "x86-64-linux-sse41",
+                                           "attn_masked_softmax_wrong"};
+}  // namespace
+extern "C" int attn_masked_softmax_wrong_argv(void **args) {
+    auto *probs = static_cast<halide_buffer_t *>(args[3]);
     std::size_t n = 1;
     for (int d = 0; d < probs->dimensions; ++d) n *= std::size_t(probs->dim[d].extent);
     std::memset(probs->host, 0, n * sizeof(float));
     return 0;
 }
+extern "C" const halide_filter_metadata_t *attn_masked_softmax_wrong_metadata() { return &metadata; }
 CPP
 "$cxx" -std=c++17 -shared -fPIC -I "$halide_include" "$work/wrong.cpp" -o "$work/wrong.so"
 "$bench" --candidate="$work/wrong.so:wrong:sse41" --benchmark_filter='^masked_softmax/candidate_wrong/b1_s128_h384_n12$' \
@@ -31,8 +43,8 @@ echo "wrong candidate rejected: $(grep -o '"error_message": "[^"]*' "$work/wrong
 
 tune() {
   "$python" "$root/tools/autotune.py" --generator "$generators" --bench "$bench" --plugins "$plugins" --isa sse41 \
-    --function masked_softmax --problems b1_s128_h384_n12 --max-candidates 2 --repetitions 2 --min-time 0.01 \
-    --no-freeze --cache "$work/cache"
+    --function masked_softmax --shape-classes short --problems b1_s128_h384_n12 --max-candidates 2 --repetitions 2 \
+    --min-time 0.01 --no-freeze --cache "$work/cache"
 }
 first=$(tune 2>&1 | tr '\r' '\n')
 echo "$first" | tail -3

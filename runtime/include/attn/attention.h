@@ -93,27 +93,34 @@ struct LayerWeights {
 };
 
 struct AttentionInputs {
-    ConstTensor x;                 // [B, S_q, H]: queries and the residual
-    ConstTensor kv;                // [B, S_k, H]: keys and values; empty for self-attention (kv = x)
-    MaskTensor key_padding_mask;   // [B, S_k]; empty: every key is real
-    ConstTensor bias;              // [B or 1, heads or 1, S_q, S_k] added to the scores; empty: none
+    ConstTensor x;                // [B, S_q, H]: queries and the residual
+    ConstTensor kv;               // [B, S_k, H]: keys and values; empty for self-attention (kv = x)
+    MaskTensor key_padding_mask;  // [B, S_k]; empty: every key is real
+    ConstTensor bias;             // [B or 1, heads or 1, S_q, S_k] added to the scores; empty: none
 };
 
+// A variant: one ISA's build with one schedule source (the project's manifest.json).
 struct VariantInfo {
     std::string name;      // "<schedule>_<isa>", e.g. "manual_avx2"
-    std::string schedule;  // schedule source: manual, mullapudi2016, adams2019, li2018, autotuned
+    std::string schedule;  // schedule source: autotuned, manual, mullapudi2016, adams2019, li2018, anderson2021
     std::string isa;       // sse41, avx2, avx512_zen4, ...; cuda and opencl for GPU variants
     std::string target;    // the Halide target it was compiled for
     std::string device;    // "cpu", "cuda" or "opencl"
-    bool runnable = false;   // this machine can run it
-    std::string not_runnable_reason;  // why not, when it cannot
+    // The AOT functions it provides: qkv_projection, attention_scores, masked_softmax,
+    // weighted_sum, output_layernorm (the stages), attention_layer and
+    // attention_layer_probs (the fused layer, without and with the probabilities).
+    std::vector<std::string> functions;
+    bool bitwise_reproducible = true;  // the same input gives the same bits on every run
+    bool runnable = false;             // this machine can run it
+    std::string not_runnable_reason;   // why not, when it cannot
 };
 
-// Every compiled variant, in the order of schedules/variants.cmake.
+// Every compiled variant, by ISA then schedule source, in manifest order.
 const std::vector<VariantInfo> &variants();
-// The variant to use on this machine: the widest CPU ISA it can run (autotuned, then
-// hand-written schedule first among equals). `name` empty selects it; otherwise the
-// named one (GPU variants are chosen by name), which must exist and be runnable here.
+// The variant to use on this machine: of the CPU variants it can run, the one of the
+// widest ISA, then of the preferred schedule source (autotuned, then hand-written).
+// `name` empty selects it; otherwise the named one (GPU and autoscheduled variants are
+// chosen by name), which must exist and be runnable here.
 const VariantInfo &select_variant(const std::string &name = "");
 
 // Waits until the GPU work queued by the variant's calls has finished (a call given
@@ -150,10 +157,10 @@ private:
 namespace stages {
 void qkv_projection(const VariantInfo &variant, const Config &config, ConstTensor x_q, ConstTensor x_kv,
                     const LayerWeights &weights, MutableTensor q, MutableTensor k, MutableTensor v);
-void attention_scores(const VariantInfo &variant, const Config &config, ConstTensor q, ConstTensor k,
-                      ConstTensor bias, MutableTensor scores);
-void masked_softmax(const VariantInfo &variant, const Config &config, ConstTensor scores,
-                    MaskTensor key_padding_mask, MutableTensor probs);
+void attention_scores(const VariantInfo &variant, const Config &config, ConstTensor q, ConstTensor k, ConstTensor bias,
+                      MutableTensor scores);
+void masked_softmax(const VariantInfo &variant, const Config &config, ConstTensor scores, MaskTensor key_padding_mask,
+                    MutableTensor probs);
 void weighted_sum(const VariantInfo &variant, const Config &config, ConstTensor probs, ConstTensor v,
                   MutableTensor ctx);
 void output_layernorm(const VariantInfo &variant, const Config &config, ConstTensor ctx, ConstTensor x,

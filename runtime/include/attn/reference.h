@@ -26,8 +26,8 @@ std::vector<T> linear(const std::vector<T> &in, int64_t rows, const ConstTensor 
 
 // [B, heads, S_q, S_k] = Q·Kᵀ/√d + bias (bias broadcast over batch and heads of extent 1).
 template <typename T>
-std::vector<T> attention_scores(const Config &config, Sizes sizes, const std::vector<T> &q,
-                                const std::vector<T> &k, const ConstTensor &bias);
+std::vector<T> attention_scores(const Config &config, Sizes sizes, const std::vector<T> &q, const std::vector<T> &k,
+                                const ConstTensor &bias);
 
 // Softmax over keys; excluded keys (padding, causal) get 0; a row with none kept is all 0.
 template <typename T>
@@ -36,13 +36,12 @@ std::vector<T> masked_softmax(const Config &config, Sizes sizes, const std::vect
 
 // [B, S_q, H]: per head, probs · V, heads concatenated.
 template <typename T>
-std::vector<T> weighted_sum(const Config &config, Sizes sizes, const std::vector<T> &probs,
-                            const std::vector<T> &v);
+std::vector<T> weighted_sum(const Config &config, Sizes sizes, const std::vector<T> &probs, const std::vector<T> &v);
 
 // LayerNorm(x + ctx·W_oᵀ + b_o) over [B, S, H] (S = sizes.s_q).
 template <typename T>
-std::vector<T> output_layernorm(const Config &config, Sizes sizes, const std::vector<T> &ctx,
-                                const std::vector<T> &x, const LayerWeights &weights);
+std::vector<T> output_layernorm(const Config &config, Sizes sizes, const std::vector<T> &ctx, const std::vector<T> &x,
+                                const LayerWeights &weights);
 
 template <typename T>
 struct LayerOutputs {

@@ -18,11 +18,6 @@ inline void apply_schedule_attn_masked_softmax_adams2019_avx2(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    // Declared by tools/freeze_schedules.py (pure Vars the emitter may use undeclared):
-    [[maybe_unused]] Var hidden("hidden");
-    [[maybe_unused]] Var seq("seq");
-    [[maybe_unused]] Var head_dim("head_dim");
-    [[maybe_unused]] Var in_feature("in_feature");
     Func probs_1 = pipeline.get_func(6);
     Func row_sum = pipeline.get_func(5);
     Func exp_scores = pipeline.get_func(4);

@@ -18,9 +18,6 @@ inline void apply_schedule_attn_output_layernorm_adams2019_avx512_zen4(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    // Declared by tools/freeze_schedules.py (pure Vars the emitter may use undeclared):
-    [[maybe_unused]] Var key("key");
-    [[maybe_unused]] Var query("query");
     Func y_1 = pipeline.get_func(14);
     Func variance = pipeline.get_func(13);
     Func sum_sq_dev = pipeline.get_func(12);

@@ -18,11 +18,6 @@ inline void apply_schedule_attn_qkv_projection_adams2019_avx512_zen4(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    // Declared by tools/freeze_schedules.py (pure Vars the emitter may use undeclared):
-    [[maybe_unused]] Var head("head");
-    [[maybe_unused]] Var head_dim("head_dim");
-    [[maybe_unused]] Var key("key");
-    [[maybe_unused]] Var query("query");
     Func v_1 = pipeline.get_func(16);
     Func v_product = pipeline.get_func(15);
     Func v_weight_t = pipeline.get_func(14);

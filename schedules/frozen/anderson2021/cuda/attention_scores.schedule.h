@@ -18,9 +18,6 @@ inline void apply_schedule_attn_attention_scores_anderson2021_cuda(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    // Declared by tools/freeze_schedules.py (Vars the emitter may use undeclared):
-    [[maybe_unused]] Var hidden("hidden");
-    [[maybe_unused]] Var in_feature("in_feature");
     Func scores_1 = pipeline.get_func(7);
     Func dot = pipeline.get_func(6);
     Func q_heads = pipeline.get_func(5);

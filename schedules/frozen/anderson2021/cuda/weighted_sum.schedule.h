@@ -18,10 +18,6 @@ inline void apply_schedule_attn_weighted_sum_anderson2021_cuda(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    // Declared by tools/freeze_schedules.py (Vars the emitter may use undeclared):
-    [[maybe_unused]] Var hidden("hidden");
-    [[maybe_unused]] Var key("key");
-    [[maybe_unused]] Var in_feature("in_feature");
     Func ctx_1 = pipeline.get_func(4);
     Func ctx_sum = pipeline.get_func(3);
     Func v_heads = pipeline.get_func(2);

@@ -18,15 +18,12 @@ inline void apply_schedule_attn_output_layernorm_mullapudi2016_avx512_zen4(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    // Declared by tools/freeze_schedules.py (pure Vars the emitter may use undeclared):
-    [[maybe_unused]] Var hidden("hidden");
-    [[maybe_unused]] Var seq("seq");
+    // Declared by tools/freeze_schedules.py (Vars the emitter uses undeclared):
     [[maybe_unused]] Var batch("batch");
-    [[maybe_unused]] Var head("head");
     [[maybe_unused]] Var head_dim("head_dim");
-    [[maybe_unused]] Var key("key");
-    [[maybe_unused]] Var query("query");
+    [[maybe_unused]] Var hidden("hidden");
     [[maybe_unused]] Var in_feature("in_feature");
+    [[maybe_unused]] Var seq("seq");
     Var head_dim_vi("head_dim_vi");
     Var head_dim_vo("head_dim_vo");
     Var hidden_i("hidden_i");

@@ -18,21 +18,18 @@ inline void apply_schedule_attn_attention_scores_mullapudi2016_cuda(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    // Declared by tools/freeze_schedules.py (Vars the emitter may use undeclared):
-    [[maybe_unused]] Var hidden("hidden");
-    [[maybe_unused]] Var seq("seq");
+    // Declared by tools/freeze_schedules.py (Vars the emitter uses undeclared):
     [[maybe_unused]] Var batch("batch");
     [[maybe_unused]] Var head("head");
     [[maybe_unused]] Var head_dim("head_dim");
-    [[maybe_unused]] Var key("key");
-    [[maybe_unused]] Var query("query");
-    [[maybe_unused]] Var in_feature("in_feature");
     [[maybe_unused]] Var head_dim_i("head_dim_i");
     [[maybe_unused]] Var head_dim_o("head_dim_o");
     [[maybe_unused]] Var head_i("head_i");
     [[maybe_unused]] Var head_o("head_o");
+    [[maybe_unused]] Var key("key");
     [[maybe_unused]] Var key_vi("key_vi");
     [[maybe_unused]] Var key_vo("key_vo");
+    [[maybe_unused]] Var query("query");
     [[maybe_unused]] Var query_i("query_i");
     [[maybe_unused]] Var query_o("query_o");
 

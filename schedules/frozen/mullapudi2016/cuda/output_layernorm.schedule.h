@@ -18,21 +18,17 @@ inline void apply_schedule_attn_output_layernorm_mullapudi2016_cuda(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    // Declared by tools/freeze_schedules.py (Vars the emitter may use undeclared):
-    [[maybe_unused]] Var hidden("hidden");
-    [[maybe_unused]] Var seq("seq");
+    // Declared by tools/freeze_schedules.py (Vars the emitter uses undeclared):
     [[maybe_unused]] Var batch("batch");
-    [[maybe_unused]] Var head("head");
-    [[maybe_unused]] Var head_dim("head_dim");
-    [[maybe_unused]] Var key("key");
-    [[maybe_unused]] Var query("query");
-    [[maybe_unused]] Var in_feature("in_feature");
     [[maybe_unused]] Var batch_i("batch_i");
     [[maybe_unused]] Var batch_o("batch_o");
+    [[maybe_unused]] Var hidden("hidden");
     [[maybe_unused]] Var hidden_vi("hidden_vi");
     [[maybe_unused]] Var hidden_vo("hidden_vo");
+    [[maybe_unused]] Var in_feature("in_feature");
     [[maybe_unused]] Var in_feature_i("in_feature_i");
     [[maybe_unused]] Var in_feature_o("in_feature_o");
+    [[maybe_unused]] Var seq("seq");
     [[maybe_unused]] Var seq_i("seq_i");
     [[maybe_unused]] Var seq_o("seq_o");
     Var hidden_i("hidden_i");

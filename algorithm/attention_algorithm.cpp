@@ -1,0 +1,259 @@
+#include "attention_algorithm.h"
+
+#include <limits>
+
+namespace attn_gen {
+
+using namespace Halide;
+
+namespace {
+const Dims dims;
+// The identity of the row max. A finite value, not -inf: Halide compiles with
+// fast-math assumptions, and a fully excluded row must give zeros, not NaN.
+const float kLowest = std::numeric_limits<float>::lowest();
+
+// An index a tile may run past, clamped to the last valid one (see the header).
+Expr last(Expr i, Expr extent) { return min(i, extent - 1); }
+}  // namespace
+
+Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr features, Expr tokens, Func rows) {
+    const Var &out = dims.hidden, &s = dims.seq, &b = dims.batch;
+    Var in_feature{"in_feature"};
+    Linear l;
+    l.input = in;
+    l.weight_transposed = Func{name + "_weight_t"};
+    l.weight_transposed(out, in_feature) = weight(in_feature, last(out, features));
+    l.k = RDom(0, features, name + "_k");
+    l.product = Func{name + "_product"};
+    l.product(out, s, b) = 0.0f;
+    l.product(out, s, b) += in(l.k, last(s, tokens), b) * l.weight_transposed(out, l.k);
+    l.out = Func{name};
+    if (!rows.defined()) {
+        l.out(out, s, b) = l.product(out, s, b) + bias(out);
+        return l;
+    }
+    l.row = RDom(0, tokens, name + "_row");
+    l.row.where(l.row < rows(b));
+    l.out(out, s, b) = undef<float>();
+    l.out(out, l.row, b) = l.product(out, l.row, b) + bias(out);
+    return l;
+}
+
+Func split_heads(const std::string &name, Func tensor, Expr head_dim) {
+    Func heads{name};
+    heads(dims.head_dim, dims.head, dims.seq, dims.batch) =
+        tensor(dims.head * head_dim + dims.head_dim, dims.seq, dims.batch);
+    return heads;
+}
+
+Scores scaled_scores(Func q_heads, Func k_heads, Func bias, Expr head_dim, Expr s_q, Expr s_k) {
+    const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch, &e = dims.head_dim;
+    Scores s;
+    s.query_heads = q_heads;
+    s.key_transposed = Func{"key_transposed"};
+    s.key_transposed(j, e, h, b) = k_heads(e, h, last(j, s_k), b);
+    s.e = RDom(0, head_dim, "e");
+    s.dot = Func{"dot"};
+    s.dot(j, i, h, b) = 0.0f;
+    s.dot(j, i, h, b) += q_heads(s.e, h, last(i, s_q), b) * s.key_transposed(j, s.e, h, b);
+    s.scores = Func{"scores"};
+    s.scores(j, i, h, b) = s.dot(j, i, h, b) * (1.0f / sqrt(cast<float>(head_dim))) + bias(j, i, h, b);
+    return s;
+}
+
+MaskedSoftmax masked_softmax(Func scores, Func key_padding_mask, Expr causal, Expr s_q, Expr s_k) {
+    const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
+    MaskedSoftmax m;
+    m.keep = Func{"keep"};
+    m.keep(j, i, h, b) = key_padding_mask(j, b) != 0 && !(causal && j > i + (s_k - s_q));
+    m.j = RDom(0, s_k, "j");
+    m.row_max = Func{"row_max"};
+    m.row_max(i, h, b) = kLowest;
+    m.row_max(i, h, b) = max(m.row_max(i, h, b), select(m.keep(m.j, i, h, b), scores(m.j, i, h, b), kLowest));
+    m.exp_scores = Func{"exp_scores"};
+    m.exp_scores(j, i, h, b) = select(m.keep(j, i, h, b), exp(scores(j, i, h, b) - m.row_max(i, h, b)), 0.0f);
+    m.row_sum = Func{"row_sum"};
+    m.row_sum(i, h, b) = 0.0f;
+    m.row_sum(i, h, b) += m.exp_scores(m.j, i, h, b);
+    m.probs = Func{"probs"};
+    // A row with no kept key sums to 0 and gets zeros; a NaN sum still propagates.
+    m.probs(j, i, h, b) = select(m.row_sum(i, h, b) == 0.0f, 0.0f, m.exp_scores(j, i, h, b) / m.row_sum(i, h, b));
+    return m;
+}
+
+WeightedSum weighted_sum(Func probs, Func v_heads, Expr head_dim, Expr s_q, Expr s_k) {
+    const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch;
+    WeightedSum w;
+    w.probs = probs;
+    w.values = v_heads;
+    w.j = RDom(0, s_k, "context_j");
+    w.ctx_sum = Func{"ctx_sum"};
+    w.ctx_sum(e, h, i, b) = 0.0f;
+    w.ctx_sum(e, h, i, b) += probs(w.j, last(i, s_q), h, b) * v_heads(last(e, head_dim), h, w.j, b);
+    w.ctx = Func{"ctx"};
+    w.ctx(e, h, i, b) = w.ctx_sum(e, h, i, b);
+    return w;
+}
+
+OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b_o, Func gamma, Func beta, Expr eps,
+                                 Expr head_dim, Expr heads, Expr hidden, Expr tokens) {
+    const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
+    Var in_feature{"in_feature"};
+    OutputLayerNorm n;
+    n.context_heads = ctx_heads;
+    n.weight_transposed = Func{"w_o_t"};
+    n.weight_transposed(o, in_feature) = w_o(in_feature, last(o, hidden));
+    n.in_feature = RDom(0, head_dim, 0, heads, "in_feature");
+    const RVar &e = n.in_feature.x, &h = n.in_feature.y;
+    n.projection = Func{"projection"};
+    n.projection(o, s, b) = 0.0f;
+    n.projection(o, s, b) += ctx_heads(e, h, last(s, tokens), b) * n.weight_transposed(o, h * head_dim + e);
+    n.dense = Func{"dense"};
+    n.dense(o, s, b) = residual(o, s, b) + b_o(o) + n.projection(o, s, b);
+
+    n.row = RDom(0, hidden, "row");
+    Expr inv_hidden = 1.0f / cast<float>(hidden);
+    n.sum = Func{"sum"};
+    n.sum(s, b) = 0.0f;
+    n.sum(s, b) += n.dense(n.row, s, b);
+    n.mean = Func{"mean"};
+    n.mean(s, b) = n.sum(s, b) * inv_hidden;
+    n.sum_sq_dev = Func{"sum_sq_dev"};
+    n.sum_sq_dev(s, b) = 0.0f;
+    Expr deviation = n.dense(n.row, s, b) - n.mean(s, b);
+    n.sum_sq_dev(s, b) += deviation * deviation;
+    n.variance = Func{"variance"};
+    n.variance(s, b) = n.sum_sq_dev(s, b) * inv_hidden;
+    n.y = Func{"y"};
+    n.y(o, s, b) = gamma(o) * (n.dense(o, s, b) - n.mean(s, b)) / sqrt(n.variance(s, b) + eps) + beta(o);
+    return n;
+}
+
+Func last_real_key(Func key_padding_mask, Expr s_k) {
+    const Var &b = dims.batch;
+    RDom j(0, s_k, "all_keys");
+    Func key_end{"key_end"};
+    key_end(b) = 0;
+    key_end(b) = max(key_end(b), select(key_padding_mask(j, b) != 0, j + 1, 0));
+    return key_end;
+}
+
+FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func key_padding_mask, Func key_end, Func bias,
+                               Expr causal, Expr head_dim, Expr s_q, Expr s_k, Blocking blocking) {
+    const Var &e = dims.head_dim, &h = dims.head, &b = dims.batch, &i = dims.query, &j = dims.key;
+    const Var &qi = dims.query_in_block, &qb = dims.query_block, &kb = dims.key_block;
+    const Var &kc = dims.key_chunk, &kl = dims.key_in_chunk;
+    const int Q = blocking.query_block, C = blocking.key_chunk, K = blocking.chunks() * C;
+    FlashAttention f;
+    f.blocking = blocking;
+    f.blocking.key_block = K;
+
+    // One past the last key a query of block qb may see: causal keys end at the diagonal of
+    // the block's last query (bottom-right aligned), padded ones at the batch's last real key.
+    Expr last_query = min(qb * Q + Q - 1, s_q - 1);
+    Expr key_limit = min(key_end(b), select(causal, last_query + (s_k - s_q) + 1, s_k));
+
+    f.keys = Func{"keys"};
+    f.keys(j, e, h, b) = k_heads(e, h, last(j, s_k), b);
+    f.values = Func{"values"};
+    f.values(e, j, h, b) = v_heads(last(e, head_dim), h, last(j, s_k), b);
+
+    // Within a key block, whole chunks up to key_limit. The predicate names only the chunk,
+    // so that Halide turns it into the bound of the loop over chunks (a vectorized lane in
+    // the predicate would keep the loop whole); keys of the last chunk past key_limit are
+    // excluded by `kept`.
+    f.key_in_block = RDom({{0, C}, {0, blocking.chunks()}}, "key_in_block");
+    const RVar &lane = f.key_in_block.x, &chunk = f.key_in_block.y;
+    f.key_in_block.where(kb * K + chunk * C < key_limit);
+    Expr query = qb * Q + qi, key = kb * K + chunk * C + lane;
+    // Whether each key of the batch is real, for whole blocks (false past s_k): the core
+    // reads it without clamping the key.
+    f.key_is_real = Func{"key_is_real"};
+    f.key_is_real(j, b) = j < s_k && key_padding_mask(last(j, s_k), b) != 0;
+    Expr kept = f.key_is_real(key, b) && !(causal && key > query + (s_k - s_q));
+
+    f.e = RDom(0, head_dim, "e");
+    f.dot = Func{"dot"};
+    f.dot(kl, kc, qi, qb, kb, h, b) = 0.0f;
+    f.dot(kl, kc, qi, qb, kb, h, b) += q_heads(f.e, h, last(query, s_q), b) * f.keys(kb * K + kc * C + kl, f.e, h, b);
+    // The block's scores and exponentials exist only for the chunks visited (the updates
+    // over key_in_block); the rest of a block is never computed or read.
+    f.scores = Func{"block_scores"};
+    f.scores(kl, kc, qi, qb, kb, h, b) = undef<float>();
+    f.scores(lane, chunk, qi, qb, kb, h, b) =
+        f.dot(lane, chunk, qi, qb, kb, h, b) * (1.0f / sqrt(cast<float>(head_dim))) +
+        bias(last(key, s_k), last(query, s_q), h, b);
+    Expr score = f.scores(lane, chunk, qi, qb, kb, h, b);
+    f.block_max = Func{"block_max"};
+    f.block_max(qi, qb, kb, h, b) = kLowest;
+    f.block_max(qi, qb, kb, h, b) = max(f.block_max(qi, qb, kb, h, b), select(kept, score, kLowest));
+    f.block_exp = Func{"block_exp"};
+    f.block_exp(kl, kc, qi, qb, kb, h, b) = undef<float>();
+    // Halide's fast_exp: 1.7e-6 relative error at most on [-87, 0] (exp: 3.5e-7), and on
+    // long contexts 2% faster overall; it is meant for inputs that do not underflow,
+    // hence the clamp (exp(-87) = 1.6e-38 stands for smaller weights).
+    f.block_exp(lane, chunk, qi, qb, kb, h, b) =
+        select(kept, fast_exp(max(score - f.block_max(qi, qb, kb, h, b), -87.0f)), 0.0f);
+    Expr weight = f.block_exp(lane, chunk, qi, qb, kb, h, b);
+    f.block_sum = Func{"block_sum"};
+    f.block_sum(qi, qb, kb, h, b) = 0.0f;
+    f.block_sum(qi, qb, kb, h, b) += weight;
+    f.block_context = Func{"block_context"};
+    f.block_context(e, qi, qb, kb, h, b) = 0.0f;
+    f.block_context(e, qi, qb, kb, h, b) += weight * f.values(e, key, h, b);
+
+    f.key_blocks = RDom(0, (s_k + K - 1) / K, "key_blocks");
+    f.key_blocks.where(f.key_blocks * K < key_limit);
+    const RVar &block = f.key_blocks.x;
+    f.running = Func{"running"};
+    f.running(e, qi, qb, h, b) = Tuple(0.0f, kLowest, 0.0f);
+    FuncRef now = f.running(e, qi, qb, h, b);
+    Expr block_max = f.block_max(qi, qb, block, h, b);
+    Expr new_max = max(now[1], block_max);
+    // exp(now[1] − new_max) and exp(block_max − new_max): one of them is exp(0) = 1, so
+    // one exponential of −|now[1] − block_max| gives both.
+    Expr block_is_max = block_max >= now[1];
+    Expr rescale = exp(-abs(now[1] - block_max));
+    Expr keep_old = select(block_is_max, rescale, 1.0f), keep_block = select(block_is_max, 1.0f, rescale);
+    f.running(e, qi, qb, h, b) = Tuple(now[0] * keep_old + f.block_context(e, qi, qb, block, h, b) * keep_block,
+                                       new_max, now[2] * keep_old + f.block_sum(qi, qb, block, h, b) * keep_block);
+
+    f.ctx = Func{"ctx"};
+    FuncRef done = f.running(e, i % Q, i / Q, h, b);
+    // A row with no key kept sums to 0 and gets zeros; a NaN sum still propagates.
+    f.ctx(e, h, i, b) = select(done[2] == 0.0f, 0.0f, done[0] / done[2]);
+    return f;
+}
+
+AttentionLayer attention_layer(const LayerInputs &in) {
+    Expr head_dim = in.hidden / in.heads;
+    AttentionLayer l;
+    l.q = linear("q", in.x, in.w_q, in.b_q, in.hidden, in.s_q);
+    Func kv_rows{"kv_rows"};  // the flash core reads K and V up to the chunk holding each batch's last real key
+    if (!in.output_probs) {
+        l.key_end = last_real_key(in.key_padding_mask, in.s_k);
+        const int C = in.blocking.key_chunk;
+        kv_rows(dims.batch) = min((l.key_end(dims.batch) + C - 1) / C * C, in.s_k);
+    }
+    l.k = linear("k", in.kv, in.w_k, in.b_k, in.hidden, in.s_k, kv_rows);
+    l.v = linear("v", in.kv, in.w_v, in.b_v, in.hidden, in.s_k, kv_rows);
+    l.q_heads = split_heads("q_heads", l.q.out, head_dim);
+    l.k_heads = split_heads("k_heads", l.k.out, head_dim);
+    l.v_heads = split_heads("v_heads", l.v.out, head_dim);
+    Func ctx;
+    if (in.output_probs) {
+        l.scores = scaled_scores(l.q_heads, l.k_heads, in.bias, head_dim, in.s_q, in.s_k);
+        l.softmax = masked_softmax(l.scores.scores, in.key_padding_mask, in.causal, in.s_q, in.s_k);
+        l.context = weighted_sum(l.softmax.probs, l.v_heads, head_dim, in.s_q, in.s_k);
+        ctx = l.context.ctx;
+    } else {
+        l.flash = flash_attention(l.q_heads, l.k_heads, l.v_heads, in.key_padding_mask, l.key_end, in.bias, in.causal,
+                                  head_dim, in.s_q, in.s_k, in.blocking);
+        ctx = l.flash.ctx;
+    }
+    l.output =
+        output_layernorm(ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps, head_dim, in.heads, in.hidden, in.s_q);
+    return l;
+}
+
+}  // namespace attn_gen

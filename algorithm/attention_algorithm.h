@@ -1,0 +1,181 @@
+// The BERT self-attention algorithm, written once (see shared DESIGN.md).
+// Every generator (each stage alone, and the fused layer) builds its pipeline
+// from these helpers; none of them schedules anything.
+//
+// Edge reads are clamped: every read whose index a schedule's register tile may run
+// past (a token row, an output feature, a key) goes through min(i, extent - 1), so a
+// schedule can compute whole constant-size tiles at a buffer's edge; the extra
+// values are never stored.
+//
+// Dimension order: buffers arrive in PyTorch's row-major layout, and Halide lists
+// dimensions innermost first, so a [B, S, H] tensor is indexed (hidden, seq, batch)
+// here and a [B, heads, S_q, S_k] tensor is (key, query, head, batch).
+#pragma once
+
+#include "Halide.h"
+
+#include <string>
+
+namespace attn_gen {
+
+// Pure variables shared by the algorithm and the schedules. Halide identifies a
+// Var by name, so a schedule may also spell them out itself.
+struct Dims {
+    Halide::Var hidden{"hidden"};  // feature index within H (or the output feature of a projection)
+    Halide::Var seq{"seq"};        // token position
+    Halide::Var batch{"batch"};
+    Halide::Var head{"head"};
+    Halide::Var head_dim{"head_dim"};  // feature index within one head, [0, d)
+    Halide::Var key{"key"};            // j, the attended-to position
+    Halide::Var query{"query"};        // i, the attending position
+    // The flash core's blocks (FlashAttention below): i = query_block · Q + query_in_block,
+    // and j = key_block · K + key_chunk · C + key_in_chunk, for Q, K and C the sizes of a
+    // query block, a key block and a chunk of keys.
+    Halide::Var query_block{"query_block"}, query_in_block{"query_in_block"};
+    Halide::Var key_block{"key_block"}, key_chunk{"key_chunk"}, key_in_chunk{"key_in_chunk"};
+};
+
+// y = x · Wᵀ + b with nn.Linear's weight [out, in]: out(o, s, b) = bias(o) + Σ_k in(k, s, b) · weight(k, o).
+// Square weights (H × H), `tokens` rows of `in` per batch. Given `rows` (rows(b): how many
+// leading rows of batch b are used), only those are computed: `out` is then undefined
+// past them and computed by an update over `row`, whose loop stops there.
+struct Linear {
+    Halide::Func input;              // (in, seq, batch): what is projected
+    Halide::Func weight_transposed;  // (out, in): lets a schedule vectorize over output features
+    Halide::Func product;            // (out, seq, batch): Σ_k in · Wᵀ, the GEMM
+    Halide::Func out;                // (out, seq, batch): product + bias
+    Halide::RDom k;
+    Halide::RDom row;  // the rows computed, when only some are; else undefined
+};
+Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Halide::Func bias, Halide::Expr features,
+              Halide::Expr tokens, Halide::Func rows = Halide::Func());
+
+// Head view of a [B, S, H] tensor: (head_dim, head, seq, batch), the transpose_for_scores view.
+Halide::Func split_heads(const std::string &name, Halide::Func tensor, Halide::Expr head_dim);
+
+// scores(j, i, h, b) = Q[b,i,h,:]·K[b,j,h,:] / √d + bias(j, i, h, b)
+struct Scores {
+    Halide::Func query_heads;     // (head_dim, head, query, batch): Q's head view
+    Halide::Func key_transposed;  // (key, head_dim, head, batch): K with keys innermost
+    Halide::Func dot;             // unscaled Q·Kᵀ
+    Halide::Func scores;
+    Halide::RDom e;
+};
+Scores scaled_scores(Halide::Func q_heads, Halide::Func k_heads, Halide::Func bias, Halide::Expr head_dim,
+                     Halide::Expr s_q, Halide::Expr s_k);
+
+// A key j is kept for query i unless key_padding_mask(j, b) == 0, or causal and
+// j > i + (S_k − S_q) (bottom-right aligned). Excluded keys get probability 0; a row
+// with no kept key is all zeros. The row max is subtracted for stability.
+struct MaskedSoftmax {
+    Halide::Func keep;        // (key, query, head, batch) bool
+    Halide::Func row_max;     // (query, head, batch)
+    Halide::Func exp_scores;  // (key, query, head, batch)
+    Halide::Func row_sum;     // (query, head, batch)
+    Halide::Func probs;       // (key, query, head, batch)
+    Halide::RDom j;
+};
+MaskedSoftmax masked_softmax(Halide::Func scores, Halide::Func key_padding_mask, Halide::Expr causal, Halide::Expr s_q,
+                             Halide::Expr s_k);
+
+// ctx(e, h, i, b) = Σ_j probs(j, i, h, b) · V[b, j, h, e]
+struct WeightedSum {
+    Halide::Func probs;    // (key, query, head, batch): what weights the values
+    Halide::Func values;   // (head_dim, head, key, batch): V's head view
+    Halide::Func ctx_sum;  // (head_dim, head, query, batch): the reduction over keys
+    Halide::Func ctx;      // (head_dim, head, query, batch): its result
+    Halide::RDom j;
+};
+WeightedSum weighted_sum(Halide::Func probs, Halide::Func v_heads, Halide::Expr head_dim, Halide::Expr s_q,
+                         Halide::Expr s_k);
+
+// y = LayerNorm(x + ctx · W_oᵀ + b_o), population variance, eps inside the root.
+struct OutputLayerNorm {
+    Halide::Func context_heads;      // (head_dim, head, seq, batch): what is projected
+    Halide::Func weight_transposed;  // W_o as (out, in)
+    Halide::Func projection;         // (hidden, seq, batch): ctx · W_oᵀ, the GEMM
+    Halide::Func dense;              // (hidden, seq, batch): residual + projection + bias
+    Halide::Func sum;                // (seq, batch): Σ dense over the row
+    Halide::Func sum_sq_dev;         // (seq, batch): Σ (dense − mean)² over the row (two-pass: accurate)
+    Halide::Func mean, variance;     // (seq, batch), pure: sum / H and sum_sq_dev / H
+    Halide::Func y;                  // (hidden, seq, batch)
+    Halide::RDom in_feature;         // (head_dim, head) over the context's head view
+    Halide::RDom row;                // over the H output features
+};
+OutputLayerNorm output_layernorm(Halide::Func ctx_heads, Halide::Func residual, Halide::Func w_o, Halide::Func b_o,
+                                 Halide::Func gamma, Halide::Func beta, Halide::Expr eps, Halide::Expr head_dim,
+                                 Halide::Expr heads, Halide::Expr hidden, Halide::Expr tokens);
+
+// The block sizes of the flash core (generator parameters query_block, key_block and
+// key_chunk). They belong to the algorithm: the online softmax folds in one key block at a
+// time, and the keys of a block are computed a chunk at a time.
+struct Blocking {
+    int query_block;
+    int key_block;  // rounded up to whole chunks
+    int key_chunk;
+    int chunks() const { return (key_block + key_chunk - 1) / key_chunk; }
+};
+
+// One past the last real key of each batch (0 if none): key_end(b).
+Halide::Func last_real_key(Halide::Func key_padding_mask, Halide::Expr s_k);
+
+// The attention core without an S_q × S_k buffer (flash-style), for the fused layer when
+// the probabilities are not an output: the queries in blocks of Q = query_block, the keys
+// in blocks of K = key_block. For each query block, the key blocks are folded in one at
+// a time with an online softmax: a block's scores, their max m_b, the exponentials
+// exp(s − m_b), their sum l_b and their weighted sum of V c_b are merged into a running
+// (context, max, sum) = (c, m, l) as m' = max(m, m_b), c' = c·exp(m − m') + c_b·exp(m_b − m')
+// and l' = l·exp(m − m') + l_b·exp(m_b − m'); the context is c / l at the end (zeros where
+// l = 0: no key kept). Keys that no query of the block may see are never visited: the
+// loop over key blocks, and within the last block visited the loop over its chunks of
+// key_chunk keys, stop at the causal diagonal of the block's last query and at the
+// batch's last real key. Masks and the bias apply per score as in MaskedSoftmax.
+struct FlashAttention {
+    Halide::Func keys;         // (key, head_dim, head, batch): K packed per head, keys innermost
+    Halide::Func values;       // (head_dim, key, head, batch): V packed per head
+    Halide::Func key_is_real;  // (key, batch): a real token within s_k, for whole blocks
+    // Per (key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch):
+    Halide::Func dot;        // Q·Kᵀ
+    Halide::Func scores;     // dot / √d + bias; an update over the chunks visited, undefined elsewhere
+    Halide::Func block_exp;  // exp(score − block_max), 0 where excluded; an update like scores
+    // Per (query_in_block, query_block, key_block, head, batch):
+    Halide::Func block_max, block_sum;
+    Halide::Func block_context;  // (head_dim, query_in_block, ...): Σ exp · V over the block
+    Halide::Func running;        // (head_dim, query_in_block, query_block, head, batch): Tuple(context, max, sum)
+    Halide::Func ctx;            // (head_dim, head, query, batch): context / sum, as WeightedSum's ctx
+    Halide::RDom e;              // the head dimension, for Q·Kᵀ
+    Halide::RDom key_in_block;   // (key_in_chunk, key_chunk): the chunks of a block a query block may see
+    Halide::RDom key_blocks;     // the key blocks visited
+    Blocking blocking;
+};
+FlashAttention flash_attention(Halide::Func q_heads, Halide::Func k_heads, Halide::Func v_heads,
+                               Halide::Func key_padding_mask, Halide::Func key_end, Halide::Func bias,
+                               Halide::Expr causal, Halide::Expr head_dim, Halide::Expr s_q, Halide::Expr s_k,
+                               Blocking blocking);
+
+// The whole layer, with every intermediate Func named so schedules can reach it.
+struct AttentionLayer {
+    Linear q, k, v;
+    Halide::Func q_heads, k_heads, v_heads;
+    // With the probabilities as an output, the exact stages (scores, softmax, weighted
+    // sum); otherwise the flash core, and these are left undefined.
+    Scores scores;
+    MaskedSoftmax softmax;
+    WeightedSum context;
+    Halide::Func key_end;  // the flash core's: last_real_key
+    FlashAttention flash;  // defined when the probabilities are not an output
+    OutputLayerNorm output;
+};
+
+struct LayerInputs {
+    Halide::Func x, kv;  // (hidden, seq, batch); kv == x for self-attention
+    Halide::Func w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
+    Halide::Func key_padding_mask;  // (key, batch)
+    Halide::Func bias;              // (key, query, head, batch)
+    Halide::Expr causal, heads, eps, hidden, s_q, s_k;
+    bool output_probs = false;  // the exact stages, whose probabilities are an output; else the flash core
+    Blocking blocking;          // the flash core's blocks
+};
+AttentionLayer attention_layer(const LayerInputs &in);
+
+}  // namespace attn_gen

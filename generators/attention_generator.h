@@ -1,0 +1,87 @@
+// Base of every generator: generate() in the subclass holds only the algorithm
+// (algorithm/) and its estimates; schedule() applies the schedule source named by the
+// `schedule` generator parameter (schedules/schedule_source.h), one of manifest.json's.
+// The dependencies go one way: generators/ -> schedules/ -> algorithm/.
+#pragma once
+
+#include "../algorithm/attention_algorithm.h"
+#include "../schedules/cpu_manual.h"
+#include "../schedules/gpu_manual.h"
+#include "../schedules/schedule_source.h"
+#include "attn/generated/manifest.h"
+
+#include <string>
+
+namespace attn_gen {
+
+// Estimates: a BERT-base layer (H = 768, 12 heads, S = 128), one sequence on a CPU and
+// a batch of 8 on a GPU (a GPU needs the batch to fill its SMs; and Halide 21's
+// Mullapudi2016 GPU schedule fails on a dimension of extent 1).
+constexpr int kEstimateHidden = 768;
+constexpr int kEstimateHeads = 12;
+constexpr int kEstimateSeq = 128;
+constexpr int kEstimateBatchCpu = 1;
+constexpr int kEstimateBatchGpu = 8;
+
+// A generator parameter of the hand-written schedule, declared in manifest.json.
+inline Halide::GeneratorParam<int> manual_parameter(const char *name, bool zero_for_target_default = false) {
+    const attn::manifest::ManualParameter &p = attn::manifest::manual_parameter(name);
+    return zero_for_target_default ? Halide::GeneratorParam<int>(name, 0, 0, p.max)
+                                   : Halide::GeneratorParam<int>(name, p.default_value, p.min, p.max);
+}
+
+template <typename T>
+class AttentionGenerator : public Halide::Generator<T> {
+public:
+    // The manifest function this build is (its frozen schedule's name), and its schedule source.
+    Halide::GeneratorParam<std::string> function{"function", ""};
+    Halide::GeneratorParam<std::string> schedule_source{"schedule", "manual"};
+    // The hand-written schedule's parameters (schedules/cpu_manual.h); other sources ignore them.
+    Halide::GeneratorParam<int> tile_rows = manual_parameter("tile_rows");
+    Halide::GeneratorParam<int> tile_vectors = manual_parameter("tile_vectors");
+    Halide::GeneratorParam<int> context_vectors = manual_parameter("context_vectors");
+    // The attention core's blocks; 0: the target's default (manifest.json, CPU or GPU).
+    Halide::GeneratorParam<int> query_block = manual_parameter("query_block", true);
+    Halide::GeneratorParam<int> key_block = manual_parameter("key_block", true);
+
+    attn_sched::CpuTiling tiling() const {
+        const attn_gen::Blocking b = blocking();
+        return {int(tile_rows), int(tile_vectors), b.query_block, b.key_block, int(context_vectors)};
+    }
+    attn_gen::Blocking blocking() const {
+        const Halide::Target &t = this->get_target();
+        return {attn_sched::default_query_block(t, query_block), attn_sched::default_key_block(t, key_block),
+                attn_sched::key_chunk(t, tile_vectors)};
+    }
+
+    int estimate_batch() const { return this->get_target().has_gpu_feature() ? kEstimateBatchGpu : kEstimateBatchCpu; }
+    // The estimates of a [B, S, H] activation and of [B, heads, S_q, S_k] scores.
+    template <typename Buffer3>
+    void estimate_activation(Buffer3 &buffer) const {
+        buffer.set_estimates({{0, kEstimateHidden}, {0, kEstimateSeq}, {0, estimate_batch()}});
+    }
+    Halide::Region score_estimate() const {
+        return {{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, estimate_batch()}};
+    }
+
+    void schedule() {
+        if (this->using_autoscheduler()) return;
+        T &self = *static_cast<T *>(this);
+        switch (attn_sched::schedule_kind(schedule_source, this->get_target())) {
+            case attn_sched::ScheduleKind::manual_cpu:
+                self.schedule_manual_cpu();
+                break;
+            case attn_sched::ScheduleKind::manual_gpu:
+                self.schedule_manual_gpu();
+                break;
+            case attn_sched::ScheduleKind::frozen:
+                attn_sched::apply_frozen_schedule(function, schedule_source, this->get_pipeline(), this->get_target());
+                break;
+            case attn_sched::ScheduleKind::autoscheduled:
+                attn_sched::apply_autoscheduler(schedule_source, this->get_pipeline(), this->get_target());
+                break;
+        }
+    }
+};
+
+}  // namespace attn_gen

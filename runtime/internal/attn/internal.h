@@ -1,0 +1,82 @@
+// The runtime's internals that the benchmarks and tests reach (CMake target
+// attn::internal; not installed): the compiled AOT functions of each variant, calling one
+// by argument name, registering candidates, and the device helpers.
+#pragma once
+
+#include "attn/attention.h"
+
+#include <HalideRuntime.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace attn::detail {
+
+// One compiled AOT function: Halide's entry point that takes its arguments as an array
+// in the order of its metadata, and that metadata (argument names, kinds and types).
+struct CompiledFunction {
+    int max_seq = 0;  // the largest max(S_q, S_k) it serves (its shape class); 0: no bound
+    int (*argv)(void **) = nullptr;
+    const halide_filter_metadata_t *(*metadata)() = nullptr;
+};
+// A variant's functions by manifest name; one function per shape class, by increasing max_seq.
+using FunctionTable = std::map<std::string, std::vector<CompiledFunction>>;
+
+// The arguments of one call, by name. Calls bind them to the function's own argument
+// list (its metadata), so no call depends on the order a generator declares them in.
+class Arguments {
+public:
+    Arguments &buffer(const std::string &name, halide_buffer_t *buffer);
+    Arguments &scalar(const std::string &name, bool value);
+    Arguments &scalar(const std::string &name, int32_t value);
+    Arguments &scalar(const std::string &name, float value);
+
+    struct Value {
+        std::string name;
+        halide_buffer_t *buffer = nullptr;  // null for a scalar
+        halide_type_t type;                 // a scalar's
+        halide_scalar_value_t scalar;
+    };
+    const Value *find(const char *name) const;
+
+private:
+    Arguments &add(const std::string &name, halide_buffer_t *buffer, halide_type_t type, halide_scalar_value_t scalar);
+    std::vector<Value> values_;
+};
+
+// Calls `function` with `arguments` bound by name; returns Halide's status. A function
+// argument that `arguments` lacks, or holds with another kind or type, is a mismatch between
+// manifest.json and a generator: attn::Error("variant") naming it, before any call.
+int call(const CompiledFunction &function, const Arguments &arguments, const std::string &what);
+
+// The variant's compiled functions, whether or not it runs here (their metadata can be read).
+const FunctionTable &compiled_functions(const VariantInfo &variant);
+// The same; throws attn::Error("variant") if it cannot run here.
+const FunctionTable &runnable_functions(const VariantInfo &variant);
+// The function of `variant` that serves calls with max(S_q, S_k) = `seq`. Throws
+// attn::Error("variant") when the variant does not provide it (manifest.json, not_provided).
+const CompiledFunction &function_for(const VariantInfo &variant, const std::string &function, int64_t seq);
+
+// Adds a variant whose functions were loaded at run time (tools/autotune.py's candidates,
+// from attn_bench --candidate). Of `info`, the name, schedule, ISA and target are kept;
+// whether it runs here is derived from the ISA, as for the compiled ones.
+// select_variant(info.name) finds it; variants() keeps listing the compiled ones only.
+// Not thread-safe: register before any other thread uses the library.
+const VariantInfo &register_variant(VariantInfo info, FunctionTable functions);
+
+// Whether this CPU has the features the ISA's code uses (manifest.json); `missing` names them.
+bool cpu_supports(const std::string &isa, std::string *missing);
+
+// Whether `device` ("cpu", "cuda", "opencl") can run here: for a GPU, its driver loads
+// and reports a device; `why` says what is missing.
+bool device_available(const std::string &device, std::string *why);
+// How many host-to-device copies this process's calls have asked Halide for (inputs in
+// host memory, the weights, absent inputs' constants), for tests.
+std::size_t host_to_device_copies();
+
+// The Halide device interface of a GPU device; null for "cpu".
+const halide_device_interface_t *device_interface(const std::string &device);
+
+}  // namespace attn::detail

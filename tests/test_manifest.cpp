@@ -1,0 +1,128 @@
+// What this build compiled against manifest.json: every variant of every ISA, each with
+// the functions its schedule source provides, each function taking the manifest's
+// arguments in the manifest's order (so a generator that declares, swaps or renames an
+// argument fails here, by name), and dispatch following the declared ranks and priorities.
+#include "attn/generated/manifest.h"
+#include "attn/internal.h"
+#include "support/variant_param.h"
+
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace attn::testing {
+namespace {
+
+std::vector<std::string> words(const char *text) {
+    std::istringstream in(text);
+    std::vector<std::string> out;
+    for (std::string w; in >> w;) out.push_back(w);
+    return out;
+}
+
+bool not_provided(const std::string &source, const std::string &isa, const std::string &function) {
+    for (const manifest::NotProvided &n : manifest::kNotProvided) {
+        if (n.source && source == n.source && function == n.function && (isa == n.isa || std::string(n.isa) == "all")) {
+            return true;
+        }
+    }
+    return false;
+}
+
+TEST(Manifest, EveryVariantOfEveryIsaIsCompiled) {
+#ifdef ATTN_VARIANT_SUBSET
+    GTEST_SKIP() << "built with ATTN_ONLY_VARIANTS: a subset of the manifest's variants";
+#endif
+    std::vector<std::string> expected, compiled;
+    for (const manifest::Isa &isa : manifest::kIsas) {
+        if (isa.cross_compiled) continue;  // built, never linked
+        for (const std::string &source : words(isa.variants)) expected.push_back(source + "_" + isa.name);
+    }
+    for (const VariantInfo &v : variants()) compiled.push_back(v.name);
+    EXPECT_EQ(compiled, expected);
+}
+
+TEST(Manifest, EachVariantHasTheFunctionsItsSourceProvides) {
+    for (const VariantInfo &v : variants()) {
+        std::vector<std::string> expected;
+        for (const manifest::Function &f : manifest::kFunctions) {
+            if (!not_provided(v.schedule, v.isa, f.name)) expected.push_back(f.name);
+        }
+        EXPECT_EQ(v.functions, expected) << v.name;
+        std::vector<std::string> in_table;
+        for (const auto &[function, classes] : detail::compiled_functions(v)) {
+            in_table.push_back(function);
+            EXPECT_FALSE(classes.empty()) << v.name << " " << function;
+            for (std::size_t i = 0; i + 1 < classes.size(); ++i) {
+                EXPECT_GT(classes[i].max_seq, 0) << v.name << " " << function << ": only the last class is unbounded";
+                EXPECT_TRUE(classes[i + 1].max_seq == 0 || classes[i + 1].max_seq > classes[i].max_seq)
+                    << v.name << " " << function << ": classes by increasing max_seq";
+            }
+            EXPECT_EQ(classes.back().max_seq, 0) << v.name << " " << function << ": every length is served";
+        }
+        EXPECT_EQ(std::set<std::string>(in_table.begin(), in_table.end()),
+                  std::set<std::string>(expected.begin(), expected.end()))
+            << v.name;
+    }
+}
+
+TEST(Manifest, EveryCompiledFunctionTakesTheManifestsArgumentsByName) {
+    std::map<std::string, std::vector<std::string>> arguments;
+    for (const manifest::Function &f : manifest::kFunctions) arguments[f.name] = words(f.arguments);
+    for (const VariantInfo &v : variants()) {
+        for (const auto &[function, classes] : detail::compiled_functions(v)) {
+            for (const detail::CompiledFunction &compiled : classes) {
+                const halide_filter_metadata_t *metadata = compiled.metadata();
+                std::vector<std::string> names;
+                for (int i = 0; i < metadata->num_arguments; ++i) names.push_back(metadata->arguments[i].name);
+                EXPECT_EQ(names, arguments[function]) << v.name << " " << function << " (" << metadata->name << ")";
+                // Outputs come last: every argument before the first output is an input.
+                bool output_seen = false;
+                for (int i = 0; i < metadata->num_arguments; ++i) {
+                    const bool output = metadata->arguments[i].kind == halide_argument_kind_output_buffer;
+                    EXPECT_FALSE(output_seen && !output) << metadata->name << ": input after an output";
+                    output_seen = output_seen || output;
+                }
+            }
+        }
+    }
+}
+
+TEST(Manifest, DispatchPicksTheWidestIsaThenThePreferredSource) {
+    const manifest::Isa *best_isa = nullptr;
+    const manifest::ScheduleSource *best_source = nullptr;
+    for (const VariantInfo &v : variants()) {
+        if (!v.runnable || v.device != "cpu") continue;
+        for (const manifest::Isa &isa : manifest::kIsas) {
+            for (const manifest::ScheduleSource &source : manifest::kScheduleSources) {
+                if (v.isa != isa.name || v.schedule != source.name || !isa.dispatch_rank || !source.dispatch_priority) {
+                    continue;
+                }
+                if (!best_isa || std::pair(isa.dispatch_rank, source.dispatch_priority) >
+                                     std::pair(best_isa->dispatch_rank, best_source->dispatch_priority)) {
+                    best_isa = &isa, best_source = &source;
+                }
+            }
+        }
+    }
+    ASSERT_NE(best_isa, nullptr) << "no runnable CPU variant with a dispatch rank and priority";
+    EXPECT_EQ(select_variant().name, std::string(best_source->name) + "_" + best_isa->name);
+}
+
+TEST(Manifest, AnArgumentTheRuntimeDoesNotPassIsRefusedByName) {
+    const VariantInfo &v = select_variant();
+    const detail::CompiledFunction &scores = detail::function_for(v, "attention_scores", 1);
+    detail::Arguments partial;  // no q, k, bias, heads or scores
+    try {
+        detail::call(scores, partial, "attention_scores");
+        FAIL() << "a call missing its arguments was made";
+    } catch (const Error &e) {
+        EXPECT_EQ(e.argument(), "variant");
+        EXPECT_NE(std::string(e.what()).find("takes the buffer argument 'q', which the runtime does not pass"),
+                  std::string::npos)
+            << e.what();
+    }
+}
+
+}  // namespace
+}  // namespace attn::testing
