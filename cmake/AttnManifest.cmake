@@ -98,6 +98,8 @@ foreach (i RANGE ${last})
     _attn_json_items(ATTN_SOURCE_${s}_GPU_PARAMS "${ATTN_MANIFEST}" schedule_sources ${i} autoscheduler_params gpu)
     _attn_json_items(ATTN_SOURCE_${s}_NOT_REPRODUCIBLE_ON "${ATTN_MANIFEST}"
                        schedule_sources ${i} not_bitwise_reproducible_on)
+    _attn_json_items(ATTN_SOURCE_${s}_SHAPE_LIMITED_ON "${ATTN_MANIFEST}" schedule_sources ${i} shape_limited_on)
+    _attn_json_optional(ATTN_SOURCE_${s}_SHAPE_LIMIT "${ATTN_MANIFEST}" "" schedule_sources ${i} shape_limited_because)
     set(ATTN_SOURCE_${s}_NOT_PROVIDED_KEYS "")
     string(JSON keys ERROR_VARIABLE none LENGTH "${ATTN_MANIFEST}" schedule_sources ${i} not_provided)
     if (NOT none AND keys GREATER 0)
@@ -202,9 +204,11 @@ foreach (s IN LISTS ATTN_SOURCES)
     list(JOIN ATTN_SOURCE_${s}_CPU_PARAMS " " cpu_params)
     list(JOIN ATTN_SOURCE_${s}_GPU_PARAMS " " gpu_params)
     list(JOIN ATTN_SOURCE_${s}_NOT_REPRODUCIBLE_ON " " not_reproducible)
+    list(JOIN ATTN_SOURCE_${s}_SHAPE_LIMITED_ON " " shape_limited_on)
+    string(REPLACE "\"" "\\\"" shape_limit "${ATTN_SOURCE_${s}_SHAPE_LIMIT}")
     string(APPEND source_rows "    {\"${s}\", \"${ATTN_SOURCE_${s}_KIND}\", ${ATTN_SOURCE_${s}_PRIORITY}, "
                               "\"${ATTN_SOURCE_${s}_AUTOSCHEDULER}\", \"${cpu_params}\", \"${gpu_params}\", "
-                              "\"${not_reproducible}\"},\n")
+                              "\"${not_reproducible}\", \"${shape_limited_on}\", \"${shape_limit}\"},\n")
     foreach (where IN LISTS ATTN_SOURCE_${s}_NOT_PROVIDED_KEYS)
         foreach (f IN LISTS ATTN_SOURCE_${s}_NOT_PROVIDED_${where})
             string(APPEND not_provided_rows "    {\"${s}\", \"${where}\", \"${f}\"},\n")
@@ -257,6 +261,7 @@ struct ScheduleSource {
     const char *name, *kind;
     int dispatch_priority;  // 0: chosen by name only
     const char *autoscheduler, *cpu_params, *gpu_params, *not_bitwise_reproducible_on;
+    const char *shape_limited_on, *shape_limited_because;  // ISAs or devices whose tiles limit the shapes
 };
 inline constexpr ScheduleSource kScheduleSources[] = {
 @source_rows@};

@@ -2,7 +2,9 @@
 
 #include "attn/generated/manifest.h"
 
+#include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -80,6 +82,40 @@ std::string variable_name(const std::string &func_name) {
 
 }  // namespace
 
+void guard_every_split(Halide::Pipeline pipeline) {
+    std::vector<Halide::Internal::Function> outputs;
+    for (const Halide::Func &f : pipeline.outputs()) outputs.push_back(f.function());
+    const std::map<std::string, Halide::Internal::Function> functions = Halide::Internal::build_environment(outputs);
+    // Funcs inside whose loops another Func is computed.
+    std::set<std::string> hosts;
+    for (const auto &[name, function] : functions) {
+        Halide::LoopLevel level = function.schedule().compute_level();
+        level.lock();
+        if (!level.is_root() && !level.is_inlined()) hosts.insert(level.func());
+    }
+    for (const auto &[name, function] : functions) {
+        std::vector<Halide::Internal::Definition> stages{function.definition()};
+        stages.insert(stages.end(), function.updates().begin(), function.updates().end());
+        for (Halide::Internal::Definition &stage : stages) {
+            bool on_gpu = false;
+            for (const Halide::Internal::Dim &dim : stage.schedule().dims()) {
+                on_gpu = on_gpu || Halide::Internal::is_gpu(dim.for_type);
+            }
+            if (on_gpu && hosts.count(name)) continue;
+            for (Halide::Internal::Split &split : stage.schedule().splits()) {
+                // RoundUp too on a CPU; on a GPU it rounds an inner Func's region, which
+                // Halide 21 computes wrongly once guarded.
+                const bool unguarded = split.tail == Halide::TailStrategy::ShiftInwards ||
+                                       split.tail == Halide::TailStrategy::Auto ||
+                                       (!on_gpu && split.tail == Halide::TailStrategy::RoundUp);
+                if (split.split_type == Halide::Internal::Split::SplitVar && unguarded) {
+                    split.tail = Halide::TailStrategy::GuardWithIf;
+                }
+            }
+        }
+    }
+}
+
 ScheduleKind schedule_kind(const std::string &source, const Halide::Target &target) {
     const attn::manifest::ScheduleSource *s = find_source(source);
     std::string kind = s ? s->kind : "";
@@ -137,6 +173,7 @@ void apply_autoscheduler(const std::string &source, Halide::Pipeline pipeline, c
         params.extra[pair.substr(0, eq)] = pair.substr(eq + 1);
     }
     pipeline.apply_autoscheduler(target, params);
+    guard_every_split(pipeline);
 }
 
 void apply_frozen_schedule(const std::string &function, const std::string &source, Halide::Pipeline pipeline,
@@ -165,6 +202,7 @@ void apply_frozen_schedule(const std::string &function, const std::string &sourc
         }
         try {
             frozen.apply(pipeline, target);
+            guard_every_split(pipeline);
         } catch (const Halide::Error &e) {
             throw Halide::CompileError("Frozen schedule " + path + " no longer applies to the algorithm (" + e.what() +
                                        "). " + regenerate_hint(source, isa, function));

@@ -26,7 +26,21 @@ ScheduleKind schedule_kind(const std::string &source, const Halide::Target &targ
 // `target` has every feature of (CUDA capabilities aside), the one with the most.
 std::string frozen_isa(const Halide::Target &target);
 
-// Applies the frozen schedule of `source` for the manifest function `function` on `target`.
+// Makes an autoscheduled schedule run every shape: the autoschedulers split loops with
+// ShiftInwards or RoundUp tails (or Auto, which becomes one of them), which assume every
+// extent is at least (RoundUp: a multiple of) the split factor; on another (S = 1,
+// H = 64, 4 heads where a tile is 8) the loop reads or writes before or past the
+// buffers and Halide refuses the call. GuardWithIf computes exactly the extent (the
+// steady state of each loop stays as it was; only the last, partial tile is guarded).
+// Nothing else changes: splits, order, placement, vectorization and parallelism.
+// On a GPU, RoundUp tails stay, and a stage inside whose tiles another Func is computed
+// keeps all its tails: Halide 21 then mis-sizes that Func's storage (valgrind under
+// PoCL: writes past it) or computes wrong values, so those schedules stay
+// shape-limited (manifest.json: shape_limited_on).
+void guard_every_split(Halide::Pipeline pipeline);
+
+// Applies the frozen schedule of `source` for the manifest function `function` on `target`,
+// then guards its splits.
 void apply_frozen_schedule(const std::string &function, const std::string &source, Halide::Pipeline pipeline,
                            const Halide::Target &target);
 
@@ -42,7 +56,7 @@ int default_key_block(const Halide::Target &target, int key_block);
 int key_chunk(const Halide::Target &target, int tile_vectors);
 
 // Runs the in-process autoscheduler of `source` (its plugin loaded by the build) on the
-// pipeline, with manifest.json's parameters for the target's device.
+// pipeline, with manifest.json's parameters for the target's device, then guards its splits.
 void apply_autoscheduler(const std::string &source, Halide::Pipeline pipeline, const Halide::Target &target);
 
 }  // namespace attn_sched

@@ -31,10 +31,10 @@ over its problems, then the lowest geometric mean) is frozen in
 schedules/autotuned/<isa>/<function>.json: one entry per class, or one entry for several
 classes where their winners are the same parameters, each with the provenance of its
 search (every candidate and its times, machine, Halide version, date, budget). The build
-compiles one function per entry and the runtime picks it by max(S_q, S_k). The autotuned
-variant is the default on its ISA, so a winner must run every shape: it is the fastest
-hand-written parameter set, and a faster autoscheduled candidate (they refuse shapes
-smaller than their tiles) is reported, not frozen.
+compiles one function per entry and the runtime picks it by max(S_q, S_k). A frozen entry
+holds generator parameters of the hand-written schedule, so the winner is the fastest
+hand-written parameter set; a faster autoscheduled candidate is reported (its own
+variant runs it), not frozen.
 
     tools/autotune.sh --isa avx2 --function attention_layer --budget-minutes 30
 """
@@ -303,10 +303,9 @@ class Tuner:
         """The class's winner and its provenance; also the fastest candidate of any source."""
         measured = [r for r in results if r["status"] == "measured"]
         fastest = min(measured, key=lambda r: self.score(r, results, problems))
-        # The autotuned variant is the default on its ISA, so it must run every shape the
-        # library accepts: autoscheduled schedules refuse shapes smaller than their tiles
-        # (README), so the frozen winner is the fastest hand-written parameter set; a
-        # faster autoscheduled candidate is reported, not frozen.
+        # A frozen entry holds the hand-written schedule's generator parameters, so the
+        # winner is the fastest hand-written parameter set; a faster autoscheduled
+        # candidate is reported (its own variant runs it), not frozen.
         winner = min((r for r in measured if r["source"] == "manual"), key=lambda r: self.score(r, results, problems))
         vs = {}
         for source, r in self.defaults(results).items():
@@ -422,7 +421,7 @@ def main():
         won.append((shape_class, winner, provenance))
         print(f"{shape_class}: winner {winner['source']} {winner['params']}")
         if fastest is not winner:
-            print(f"  faster but not frozen (autoscheduled: refuses small shapes): {fastest['key']}, "
+            print(f"  faster but not frozen (autoscheduled; its own variant runs it): {fastest['key']}, "
                   f"{tuner.score(fastest, results, problems)[1]:.3f}x of the hand-written default's time")
         for source, ratios in vs.items():
             print(f"  {source} default / winner: " + ", ".join(f"{p} {r:.2f}x" for p, r in ratios.items()))

@@ -290,7 +290,14 @@ void run_pipeline(const std::string &function, const VariantInfo &variant, int64
     detail::Arguments arguments;
     bind(buffers, arguments);
     const std::string what = function + " (" + variant.name + ")";
-    check_halide(detail::call(compiled, arguments, what), "halide", what);
+    const int status = detail::call(compiled, arguments, what);
+    if (status == halide_error_code_access_out_of_bounds && !variant.runs_every_shape) {
+        throw Error("variant", variant.name + " cannot run this shape: " + variant.shape_limit +
+                                   " (manifest.json). The hand-written, autotuned and CPU variants run every shape, "
+                                   "and select_variant() picks one of them. Halide: " +
+                                   last_halide_error);
+    }
+    check_halide(status, "halide", what);
     buffers.copy_outputs_to_host();
 }
 
