@@ -2,14 +2,14 @@
 """The schedule comparison, interleaved: every variant and every peer of a problem timed
 in the same rounds, so that they see the same machine.
 
-For each problem and function (the fused layer, then each stage's function alone at short contexts),
-every implementation is made ready and checked against the reference: the variants and
-the OpenBLAS peers by attn_bench (--serve, a long-lived worker process this script
-drives), PyTorch and ONNX Runtime here (bench/peers.py). Then come --rounds rounds; in
-each, every implementation runs once for at least --min-time seconds, in an order that
-rotates by one from round to round. A round's times are a paired sample: ratios between
-implementations are taken per round, and report.py gives their median with a
-distribution-free confidence interval.
+For each problem and function (the fused layer, then each stage's function alone: all at
+short contexts, the projections at every one), every implementation is made ready and
+checked against the reference: the variants and the OpenBLAS peers by attn_bench
+(--serve, a long-lived worker process this script drives), PyTorch and ONNX Runtime here
+(bench/peers.py). Then come --rounds rounds; in each, every implementation runs once for
+at least --min-time seconds, in an order that rotates by one from round to round.
+A round's times are a paired sample: ratios between implementations are taken per round,
+and report.py gives their median with a distribution-free confidence interval.
 
 Writes bench/results/comparison.json (every sample), then comparison.md and
 comparison.png through report.py.

@@ -202,11 +202,11 @@ void apply_frozen_schedule(const std::string &function, const std::string &sourc
         }
         try {
             frozen.apply(pipeline, target);
-            guard_every_split(pipeline);
         } catch (const Halide::Error &e) {
             throw Halide::CompileError("Frozen schedule " + path + " no longer applies to the algorithm (" + e.what() +
                                        "). " + regenerate_hint(source, isa, function));
         }
+        guard_every_split(pipeline);
         return;
     }
     throw Halide::CompileError("No frozen schedule '" + source + "' for function '" + function + "' on " + isa + " (" +
