@@ -48,7 +48,7 @@ int list_variants(const VariantsOptions &options) {
                             {"device", v.device},
                             {"functions", v.functions},
                             {"bitwise_reproducible", v.bitwise_reproducible},
-                            {"runs_every_shape", v.runs_every_shape},
+                            {"runs_every_shape", v.runs_every_shape()},
                             {"runnable", v.runnable},
                             {"not_runnable_reason", v.not_runnable_reason}});
         }

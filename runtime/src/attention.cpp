@@ -291,7 +291,7 @@ void run_pipeline(const std::string &function, const VariantInfo &variant, int64
     bind(buffers, arguments);
     const std::string what = function + " (" + variant.name + ")";
     const int status = detail::call(compiled, arguments, what);
-    if (status == halide_error_code_access_out_of_bounds && !variant.runs_every_shape) {
+    if (status == halide_error_code_access_out_of_bounds && !variant.runs_every_shape()) {
         throw Error("variant", variant.name + " cannot run this shape: " + variant.shape_limit +
                                    " (manifest.json). The hand-written, autotuned and CPU variants run every shape, "
                                    "and select_variant() picks one of them. Halide: " +

@@ -46,8 +46,7 @@ Entry make_entry(const std::string &schedule, const std::string &isa, detail::Fu
         if (schedule != s.name) continue;
         e.dispatch_priority = s.dispatch_priority;
         e.info.bitwise_reproducible = !listed(s.not_bitwise_reproducible_on, isa);
-        e.info.runs_every_shape = !listed(s.shape_limited_on, isa);
-        if (!e.info.runs_every_shape) e.info.shape_limit = s.shape_limited_because;
+        if (listed(s.shape_limited_on, isa)) e.info.shape_limit = s.shape_limited_because;
     }
     for (const manifest::Function &f : manifest::kFunctions) {
         if (e.functions.count(f.name)) e.info.functions.push_back(f.name);

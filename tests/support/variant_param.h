@@ -37,14 +37,14 @@ inline bool provides(const VariantInfo &variant, const std::string &function) {
 // it, in one of two ways manifest.json declares, each checked:
 // - the variant does not provide the function (not_provided): the call must be refused
 //   with attn::Error("variant") saying so;
-// - the variant's tiles limit its shapes (shape_limited_on, VariantInfo::runs_every_shape
+// - the variant's tiles limit its shapes (shape_limited_on, VariantInfo::runs_every_shape()
 //   false): a shape smaller than its tiles may be refused with attn::Error("variant")
 //   saying so, and nothing else.
 // Every other variant runs every shape: any error fails the test.
 template <typename Call>
 bool ran_or_refused(const VariantInfo &variant, const std::string &function, Call &&call) {
     const bool provided = provides(variant, function);
-    if (provided && variant.runs_every_shape) {
+    if (provided && variant.runs_every_shape()) {
         call();
         return true;
     }

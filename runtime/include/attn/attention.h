@@ -111,12 +111,12 @@ struct VariantInfo {
     // attention_layer_probs (the fused layer, without and with the probabilities).
     std::vector<std::string> functions;
     bool bitwise_reproducible = true;  // the same input gives the same bits on every run
-    // False for a variant whose tiles assume extents at least as large as themselves
-    // (manifest.json: shape_limited_on; `shape_limit` says why). It refuses a smaller
-    // shape with attn::Error("variant") before computing anything; every other variant
+    // Why the variant's tiles limit its shapes (manifest.json: shape_limited_on and
+    // shape_limited_because), or empty. Such a variant refuses a shape smaller than its
+    // tiles with attn::Error("variant") before computing anything; every other variant
     // runs every valid shape.
-    bool runs_every_shape = true;
     std::string shape_limit;
+    bool runs_every_shape() const { return shape_limit.empty(); }
     bool runnable = false;            // this machine can run it
     std::string not_runnable_reason;  // why not, when it cannot
 };
