@@ -139,7 +139,7 @@ Func last_real_key(Func key_padding_mask, Expr s_k) {
 }
 
 FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func key_padding_mask, Func key_end, Func bias,
-                               Expr causal, Expr head_dim, Expr s_q, Expr s_k, Blocking blocking) {
+                               Expr causal, Expr head_dim, Expr s_q, Expr s_k, Blocking blocking, Func query_end) {
     const Var &e = dims.head_dim, &h = dims.head, &b = dims.batch, &i = dims.query, &j = dims.key;
     const Var &qi = dims.query_in_block, &qb = dims.query_block, &kb = dims.key_block;
     const Var &kc = dims.key_chunk, &kl = dims.key_in_chunk;
@@ -203,7 +203,9 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     f.block_context(e, qi, qb, kb, h, b) += weight * f.values(e, key, h, b);
 
     f.key_blocks = RDom(0, (s_k + K - 1) / K, "key_blocks");
-    f.key_blocks.where(f.key_blocks * K < key_limit);
+    // A query block wholly past query_end visits no key block (so none of its chunks either).
+    Expr blocks_limit = query_end.defined() ? select(qb * Q < query_end(b), key_limit, 0) : key_limit;
+    f.key_blocks.where(f.key_blocks * K < blocks_limit);
     const RVar &block = f.key_blocks.x;
     f.running = Func{"running"};
     f.running(e, qi, qb, h, b) = Tuple(0.0f, kLowest, 0.0f);
@@ -225,34 +227,82 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     return f;
 }
 
+PackedSequences packed_sequences(Func offsets, Expr sequences, Expr tokens, Expr max_length) {
+    const Var &b = dims.batch, &s = dims.seq, &j = dims.key;
+    PackedSequences p;
+    p.offsets = offsets;
+    p.sequences = sequences, p.tokens = tokens, p.max_length = max_length;
+    p.length = Func{"sequence_length"};
+    p.length(b) = offsets(b + 1) - offsets(b);
+    p.key_is_real = Func{"sequence_key_is_real"};
+    p.key_is_real(j, b) = cast<uint8_t>(j < p.length(b));
+    // Offsets do not decrease, so the sequence of row s is the last b with offsets(b) <= s
+    // (empty sequences before it share its start): the count of later starts <= s.
+    p.later_starts = RDom(1, sequences - 1, "later_starts");
+    p.sequence = Func{"token_sequence"};
+    p.sequence(s) = 0;
+    p.sequence(s) += select(offsets(p.later_starts) <= s, 1, 0);
+    return p;
+}
+
+Func PackedSequences::by_sequence(const std::string &name, Func token_heads) const {
+    const Var &e = dims.head_dim, &h = dims.head, &i = dims.seq, &b = dims.batch;
+    Func view{name};
+    // Positions past a sequence's end read its last token (clamped, like every edge read);
+    // an empty sequence reads a neighbour's, never used.
+    view(e, h, i, b) = token_heads(e, h, clamp(offsets(b) + min(i, length(b) - 1), 0, tokens - 1), 0);
+    return view;
+}
+
 AttentionLayer attention_layer(const LayerInputs &in) {
+    const bool packed = in.sequence_offsets.defined();
     Expr head_dim = in.hidden / in.heads;
+    // The rows the projections see: each batch's sequence, or every token row of packed sequences.
+    Expr q_rows = packed ? in.tokens : in.s_q, kv_rows_all = packed ? in.tokens : in.s_k;
     AttentionLayer l;
-    l.q = linear("q", in.x, in.w_q, in.b_q, in.hidden, in.s_q);
+    l.q = linear("q", in.x, in.w_q, in.b_q, in.hidden, q_rows);
     Func kv_rows{"kv_rows"};  // the flash core reads K and V up to the chunk holding each batch's last real key
-    if (!in.output_probs) {
+    if (!in.output_probs && !packed) {
         l.key_end = last_real_key(in.key_padding_mask, in.s_k);
         const int C = in.blocking.key_chunk;
         kv_rows(dims.batch) = min((l.key_end(dims.batch) + C - 1) / C * C, in.s_k);
     }
-    l.k = linear("k", in.kv, in.w_k, in.b_k, in.hidden, in.s_k, kv_rows);
-    l.v = linear("v", in.kv, in.w_v, in.b_v, in.hidden, in.s_k, kv_rows);
+    l.k = linear("k", in.kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows);
+    l.v = linear("v", in.kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows);
     l.q_heads = split_heads("q_heads", l.q.out, head_dim);
     l.k_heads = split_heads("k_heads", l.k.out, head_dim);
     l.v_heads = split_heads("v_heads", l.v.out, head_dim);
+    // What the attention core sees: the batch, or the packed sequences viewed as a padded batch.
+    Func q_heads = l.q_heads, k_heads = l.k_heads, v_heads = l.v_heads, key_padding_mask = in.key_padding_mask;
+    if (packed) {
+        l.packed = packed_sequences(in.sequence_offsets, in.sequences, in.tokens, in.s_q);
+        q_heads = l.packed.by_sequence("q_by_sequence", l.q_heads);
+        k_heads = l.packed.by_sequence("k_by_sequence", l.k_heads);
+        v_heads = l.packed.by_sequence("v_by_sequence", l.v_heads);
+        key_padding_mask = l.packed.key_is_real;
+        l.key_end = l.packed.length;
+    }
     Func ctx;
     if (in.output_probs) {
-        l.scores = scaled_scores(l.q_heads, l.k_heads, in.bias, head_dim, in.s_q, in.s_k);
-        l.softmax = masked_softmax(l.scores.scores, in.key_padding_mask, in.causal, in.s_q, in.s_k);
-        l.context = weighted_sum(l.softmax.probs, l.v_heads, head_dim, in.s_q, in.s_k);
+        l.scores = scaled_scores(q_heads, k_heads, in.bias, head_dim, in.s_q, in.s_k);
+        l.softmax = masked_softmax(l.scores.scores, key_padding_mask, in.causal, in.s_q, in.s_k);
+        l.context = weighted_sum(l.softmax.probs, v_heads, head_dim, in.s_q, in.s_k);
         ctx = l.context.ctx;
     } else {
-        l.flash = flash_attention(l.q_heads, l.k_heads, l.v_heads, in.key_padding_mask, l.key_end, in.bias, in.causal,
-                                  head_dim, in.s_q, in.s_k, in.blocking);
+        l.flash = flash_attention(q_heads, k_heads, v_heads, key_padding_mask, l.key_end, in.bias, in.causal, head_dim,
+                                  in.s_q, in.s_k, in.blocking, packed ? l.packed.length : Func());
         ctx = l.flash.ctx;
     }
+    if (packed) {
+        // Each token row takes its row of its sequence's context.
+        const Var &e = dims.head_dim, &h = dims.head, &s = dims.seq, &b = dims.batch;
+        Expr sequence = clamp(l.packed.sequence(s), 0, in.sequences - 1);
+        l.packed.ctx = Func{"packed_ctx"};
+        l.packed.ctx(e, h, s, b) = ctx(e, h, clamp(s - in.sequence_offsets(sequence), 0, in.s_q - 1), sequence);
+        ctx = l.packed.ctx;
+    }
     l.output =
-        output_layernorm(ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps, head_dim, in.heads, in.hidden, in.s_q);
+        output_layernorm(ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps, head_dim, in.heads, in.hidden, q_rows);
     return l;
 }
 

@@ -151,7 +151,28 @@ struct FlashAttention {
 FlashAttention flash_attention(Halide::Func q_heads, Halide::Func k_heads, Halide::Func v_heads,
                                Halide::Func key_padding_mask, Halide::Func key_end, Halide::Func bias,
                                Halide::Expr causal, Halide::Expr head_dim, Halide::Expr s_q, Halide::Expr s_k,
-                               Blocking blocking);
+                               Blocking blocking, Halide::Func query_end = Halide::Func());
+
+// Packed variable-length sequences (DESIGN.md): the tokens of B sequences one after
+// another, sequence b being the token rows [offsets(b), offsets(b + 1)). The projections
+// and the output run over the T token rows; the attention core runs on a view of them
+// as a batch of B sequences padded to max_length, whose padded keys are masked and whose
+// query blocks past a sequence's end visit no key, so the padding costs no work beyond
+// the partial blocks. Tokens of different sequences never meet.
+struct PackedSequences {
+    Halide::Func offsets;   // (batch), B + 1 entries
+    Halide::Func length;    // (batch): offsets(b + 1) - offsets(b)
+    Halide::Func key_is_real;  // (key, batch) uint8: key < length(b), the core's key_padding_mask
+    Halide::Func sequence;  // (seq): the sequence of a token row (how many of offsets(1..B-1) are <= it)
+    Halide::RDom later_starts;  // offsets(1..B-1), for `sequence`
+    Halide::Func ctx;       // (head_dim, head, seq, batch of 1): the core's ctx gathered back to token rows
+    Halide::Expr sequences, tokens, max_length;
+    // (head_dim, head, position, sequence) view of a (head_dim, head, token, batch of 1) Func.
+    Halide::Func by_sequence(const std::string &name, Halide::Func token_heads) const;
+    bool defined() const { return offsets.defined(); }
+};
+PackedSequences packed_sequences(Halide::Func offsets, Halide::Expr sequences, Halide::Expr tokens,
+                                 Halide::Expr max_length);
 
 // The whole layer, with every intermediate Func named so schedules can reach it.
 struct AttentionLayer {
@@ -162,8 +183,9 @@ struct AttentionLayer {
     Scores scores;
     MaskedSoftmax softmax;
     WeightedSum context;
-    Halide::Func key_end;  // the flash core's: last_real_key
+    Halide::Func key_end;  // the flash core's: last_real_key, or each packed sequence's length
     FlashAttention flash;  // defined when the probabilities are not an output
+    PackedSequences packed;  // defined for packed sequences
     OutputLayerNorm output;
 };
 
@@ -173,6 +195,11 @@ struct LayerInputs {
     Halide::Func key_padding_mask;  // (key, batch)
     Halide::Func bias;              // (key, query, head, batch)
     Halide::Expr causal, heads, eps, hidden, s_q, s_k;
+    // Packed sequences instead of a batch: x (and kv) hold T = `tokens` token rows as a
+    // batch of one, sequence_offsets (batch) has `sequences` + 1 entries, s_q = s_k is the
+    // longest sequence and key_padding_mask is unused. Undefined for a dense batch.
+    Halide::Func sequence_offsets;
+    Halide::Expr sequences, tokens;
     bool output_probs = false;  // the exact stages, whose probabilities are an output; else the flash core
     Blocking blocking;          // the flash core's blocks
 };

@@ -62,7 +62,27 @@ struct Work {
     double flops = 0, bytes = 0;
 };
 
+// Each sequence's real length, per problem (built once: LayerData draws the inputs).
+const std::vector<int64_t> &lengths_of(const Problem &p) {
+    static std::mutex mutex;
+    static std::map<std::string, std::vector<int64_t>> cache;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = cache.find(p.name());
+    if (found == cache.end()) found = cache.emplace(p.name(), LayerData(p).lengths()).first;
+    return found->second;
+}
+
 Work work(const std::string &function, const Problem &p) {
+    if (p.packed) {  // the real work: each sequence's, as a batch of one of its length
+        Work total;
+        for (int64_t length : lengths_of(p)) {
+            Problem one = p;
+            one.packed = false, one.mask = testing::Mask::none, one.batch = 1, one.s_q = one.s_k = length;
+            const Work w = work(function, one);
+            total.flops += w.flops, total.bytes += w.bytes;
+        }
+        return total;
+    }
     const double B = double(p.batch), Sq = double(p.s_q), Sk = double(p.s_k), H = double(p.hidden);
     const double heads = double(p.heads), f = 4;  // bytes per float
     const double qkv = 2 * B * (Sq + 2 * Sk) * H * H, attend = 2 * B * Sq * Sk * H, out = 2 * B * Sq * H * H;
@@ -92,8 +112,19 @@ struct Fixture {
     // Per stage: the double reference and the plain float32 result on these inputs.
     std::map<std::string, std::pair<std::vector<double>, std::vector<float>>> stage_reference;
 
+    PackedBatch packed;  // a packed problem's real tokens
+
     explicit Fixture(const ListedProblem &lp) : data(lp.problem) {
         const Problem &p = lp.problem;
+        if (p.packed) {
+            packed = data.packed();
+            if (lp.reference_checked) {
+                const Config c = p.config();
+                exact_y = reference::attention_layer_packed<double>(c, data.weights(), packed.inputs()).y;
+                float32_y = reference::attention_layer_packed<float>(c, data.weights(), packed.inputs()).y;
+            }
+            return;
+        }
         if (lp.reference_checked) {
             const Config c = p.config();
             exact_y = reference::attention_layer<double>(c, data.weights(), data.inputs()).y;
@@ -259,6 +290,51 @@ Prepared fused_layer(const VariantInfo &variant, const ListedProblem &lp) {
     return prepared;
 }
 
+// A packed problem's real tokens through forward_packed, or (`per_sequence`) each
+// sequence through forward as a batch of one of its length, one after another: what the
+// packing is measured against.
+Prepared packed_layer(const VariantInfo &variant, const ListedProblem &lp, bool per_sequence) {
+    Prepared prepared;
+    if (!variant.runnable) return {{}, "cannot run here: " + variant.not_runnable_reason};
+    const Fixture &f = fixture(lp);
+    const Problem &p = lp.problem;
+    const int64_t tokens = f.packed.tokens(), H = p.hidden;
+    struct State {
+        Attention layer;
+        Placement place;
+        std::vector<float> y;
+        PackedInputs inputs;
+        MutableTensor y_view;
+    };
+    auto s = std::make_shared<State>(State{Attention(p.config(), f.data.weights(), variant.name), Placement(variant),
+                                           std::vector<float>(f.packed.x.size()), f.packed.inputs(), {}});
+    s->inputs.x = s->place.in(f.packed.x, {tokens, H});
+    s->y_view = s->place.out(s->y, {tokens, H});
+    if (per_sequence) {
+        const std::vector<int32_t> &offsets = f.packed.sequence_offsets;
+        prepared.run = [s, H, offsets] {
+            for (std::size_t b = 0; b + 1 < offsets.size(); ++b) {
+                const int64_t start = offsets[b], length = offsets[b + 1] - start;
+                if (length == 0) continue;
+                AttentionInputs one;
+                one.x = {s->inputs.x.data + start * H, std::size_t(length * H), {1, length, H}, s->inputs.x.memory};
+                s->layer.forward(one, {s->y_view.data + start * H, std::size_t(length * H), {1, length, H},
+                                       s->y_view.memory});
+            }
+            s->layer.synchronize();
+        };
+    } else {
+        prepared.run = [s] {
+            s->layer.forward_packed(s->inputs, s->y_view);
+            s->layer.synchronize();
+        };
+    }
+    if (!first_run(prepared)) return prepared;
+    s->place.copy_outputs_to_host();
+    prepared.error = accuracy_error(prepared, s->y.data(), f.exact_y, f.float32_y, variant.name);
+    return prepared;
+}
+
 Prepared stage(const std::string &name, const VariantInfo &variant, const ListedProblem &lp) {
     Prepared prepared;
     if (!variant.runnable) return {{}, "cannot run here: " + variant.not_runnable_reason};
@@ -379,6 +455,15 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
         cases.push_back({function + "/" + impl + "/" + lp.problem.name(), function, &lp, std::move(prepare)});
     };
     for (const ListedProblem &lp : testing::problem_list()) {
+        if (lp.problem.packed) {
+            // Packed (the peers run the padded batch), and each variant's dense B=1 calls, one
+            // sequence at a time: per_sequence_<variant>.
+            for (const VariantInfo *v : timed) {
+                add(kLayerFunction, v->name, lp, [v, &lp] { return packed_layer(*v, lp, false); });
+                add(kLayerFunction, "per_sequence_" + v->name, lp, [v, &lp] { return packed_layer(*v, lp, true); });
+            }
+            continue;
+        }
         for (const VariantInfo *v : timed) add(kLayerFunction, v->name, lp, [v, &lp] { return fused_layer(*v, lp); });
         add(kLayerFunction, "openblas_roofline", lp, [&lp] { return openblas_layer(true, lp); });
         add(kLayerFunction, "openblas_unfused", lp, [&lp] { return openblas_layer(false, lp); });
@@ -449,14 +534,8 @@ nlohmann::json problems_json() {
     nlohmann::json list = nlohmann::json::array();
     for (const ListedProblem &lp : testing::problem_list()) {
         const Problem &p = lp.problem;
-        const LayerData data(p);
         nlohmann::json lengths = nlohmann::json::array();
-        for (int64_t b = 0; b < p.batch; ++b) {
-            int64_t real = p.s_k;
-            if (!data.mask.empty())
-                real = std::count(data.mask.begin() + b * p.s_k, data.mask.begin() + (b + 1) * p.s_k, 1);
-            lengths.push_back(real);
-        }
+        for (int64_t real : lengths_of(p)) lengths.push_back(real);
         list.push_back({{"name", p.name()},
                         {"model", lp.model},
                         {"batch", p.batch},

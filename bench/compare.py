@@ -63,7 +63,10 @@ class WorkerCase:
     def __init__(self, worker, case):
         self.worker, self.name, self.gflop = worker, case["name"], case["gflop"]
         self.impl = case["name"].split("/")[1]
-        self.kind = "peer" if self.impl.startswith("openblas") else "variant"
+        # per_sequence_<variant>: a packed problem's sequences through the dense path one at a
+        # time, what packing is measured against; neither a variant nor a peer.
+        self.kind = ("peer" if self.impl.startswith("openblas") else
+                     "baseline" if self.impl.startswith("per_sequence_") else "variant")
 
     def prepare(self):
         return self.worker.ask("prepare", self.name)

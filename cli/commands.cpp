@@ -107,8 +107,33 @@ int run_layer(const RunOptions &options) {
     const Shape probs_shape{batch, checkpoint.config.num_heads, seq, seq};
     if (!options.probs.empty()) probs.resize(std::size_t(batch * checkpoint.config.num_heads * seq * seq));
     const auto start = std::chrono::steady_clock::now();
-    layer.forward(inputs, {y.data(), y.size(), x_array.shape},
-                  options.probs.empty() ? MutableTensor{} : MutableTensor{probs.data(), probs.size(), probs_shape});
+    if (options.packed) {
+        // The real tokens only; then back to the padded layout, zeros at padding.
+        const PackedBatch packed = pack(inputs.x, inputs.key_padding_mask);
+        const int64_t heads = checkpoint.config.num_heads, hidden = checkpoint.config.hidden_size;
+        std::vector<float> y_packed(packed.x.size()), probs_packed;
+        const std::vector<int32_t> &offsets = packed.sequence_offsets;
+        if (!options.probs.empty()) {
+            int64_t total = 0;
+            for (std::size_t b = 0; b + 1 < offsets.size(); ++b)
+                total += heads * int64_t(offsets[b + 1] - offsets[b]) * (offsets[b + 1] - offsets[b]);
+            probs_packed.resize(std::size_t(total));
+        }
+        layer.forward_packed(packed.inputs(), view(y_packed, {packed.tokens(), hidden}),
+                             options.probs.empty() ? MutableTensor{} : view(probs_packed, {int64_t(probs_packed.size())}));
+        unpack(view(y_packed, {packed.tokens(), hidden}), packed.inputs().sequence_offsets,
+               {y.data(), y.size(), x_array.shape});
+        const float *from = probs_packed.data();
+        for (std::size_t b = 0; b + 1 < offsets.size() && !options.probs.empty(); ++b) {
+            const int64_t length = offsets[b + 1] - offsets[b];
+            for (int64_t h = 0; h < heads; ++h)
+                for (int64_t i = 0; i < length; ++i, from += length)
+                    std::copy(from, from + length, &probs[std::size_t(((int64_t(b) * heads + h) * seq + i) * seq)]);
+        }
+    } else {
+        layer.forward(inputs, {y.data(), y.size(), x_array.shape},
+                      options.probs.empty() ? MutableTensor{} : MutableTensor{probs.data(), probs.size(), probs_shape});
+    }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
     write_npy(options.output, x_array.shape, y, "--output");
@@ -118,7 +143,8 @@ int run_layer(const RunOptions &options) {
         checkpoint.prefix.empty() ? "attention" : checkpoint.prefix.substr(0, checkpoint.prefix.size() - 1).c_str(),
         checkpoint.safetensors_path.c_str(), static_cast<long long>(checkpoint.config.num_heads),
         double(checkpoint.config.layer_norm_eps), options.causal ? ", causal" : "",
-        options.mask.empty() ? "" : ", key padding mask", layer.variant().name.c_str(), x_array.shape_string().c_str(),
+        options.mask.empty() ? "" : (options.packed ? ", key padding mask, packed" : ", key padding mask"),
+        layer.variant().name.c_str(), x_array.shape_string().c_str(),
         options.output.c_str(), ms);
     return 0;
 }

@@ -17,6 +17,7 @@ struct RunOptions {
     std::string model, input, mask, variant, output, probs;
     std::optional<int> layer;  // default: layer 0, or the checkpoint's only layer
     bool causal = false;
+    bool packed = false;  // only the real tokens (Attention::forward_packed); padded rows of y are zeros
     std::optional<int64_t> heads;
     std::optional<float> eps;
 };

@@ -49,8 +49,15 @@ int compare_variants(const BenchOptions &options) {
     std::printf("problem %s, %d interleaved rounds (each runs every variant once, in a rotating order)\n",
                 problem.name().c_str(), rounds);
     const LayerData data(problem);
-    const auto exact = reference::attention_layer<double>(problem.config(), data.weights(), data.inputs());
-    const auto float32 = reference::attention_layer<float>(problem.config(), data.weights(), data.inputs());
+    // A packed problem runs its real tokens through forward_packed, the rest the padded batch.
+    const PackedBatch packed = problem.packed ? data.packed() : PackedBatch{};
+    const Config config = problem.config();
+    const std::vector<double> exact_y =
+        problem.packed ? reference::attention_layer_packed<double>(config, data.weights(), packed.inputs()).y
+                       : reference::attention_layer<double>(config, data.weights(), data.inputs()).y;
+    const std::vector<float> float32_y =
+        problem.packed ? reference::attention_layer_packed<float>(config, data.weights(), packed.inputs()).y
+                       : reference::attention_layer<float>(config, data.weights(), data.inputs()).y;
 
     struct Row {
         std::string name, status, skip_reason;
@@ -60,8 +67,16 @@ int compare_variants(const BenchOptions &options) {
         std::vector<double> ms;  // one per round
     };
     std::vector<Row> rows;
-    std::vector<float> y(exact.y.size());
-    const auto y_view = view(y, {problem.batch, problem.s_q, problem.hidden});
+    std::vector<float> y(exact_y.size());
+    const auto y_view = problem.packed ? view(y, {packed.tokens(), problem.hidden})
+                                       : view(y, {problem.batch, problem.s_q, problem.hidden});
+    auto forward = [&](const Attention &layer) {
+        if (problem.packed) {
+            layer.forward_packed(packed.inputs(), y_view);
+        } else {
+            layer.forward(data.inputs(), y_view);
+        }
+    };
     bool all_ok = true;
     // Each variant runs once first (a warm-up) and is checked against the reference.
     for (const VariantInfo &variant : variants()) {
@@ -75,13 +90,13 @@ int compare_variants(const BenchOptions &options) {
         }
         row.layer = std::make_unique<Attention>(problem.config(), data.weights(), variant.name);
         try {
-            row.layer->forward(data.inputs(), y_view);
+            forward(*row.layer);
         } catch (const Error &e) {  // an autoscheduled variant may refuse a shape smaller than its tiles
             row.status = "refused", row.skip_reason = e.what();
             rows.push_back(std::move(row));
             continue;
         }
-        const Accuracy a = check_accuracy(y.data(), exact.y, float32.y);
+        const Accuracy a = check_accuracy(y.data(), exact_y, float32_y);
         row.status = a.ok ? "ok" : "WRONG", row.max_error = a.max_error, row.tolerance = a.tolerance;
         all_ok = all_ok && a.ok;
         if (!a.ok) std::fprintf(stderr, "%s\n", a.report(variant.name).c_str());
@@ -95,7 +110,7 @@ int compare_variants(const BenchOptions &options) {
         for (std::size_t n = 0; n < timed.size(); ++n) {
             Row &r = *timed[(n + std::size_t(round)) % timed.size()];
             const auto start = std::chrono::steady_clock::now();
-            r.layer->forward(data.inputs(), y_view);
+            forward(*r.layer);
             r.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
         }
     }

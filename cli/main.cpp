@@ -33,6 +33,9 @@ int main(int argc, char **argv) {
     run_cmd->add_option("--input", run.input, "x: float32 [batch, seq, hidden] .npy")->required();
     run_cmd->add_option("--mask", run.mask, "key padding mask [batch, seq] .npy of 0/1 (bool, integer or float)");
     run_cmd->add_flag("--causal", run.causal, "decoder (causal) mask");
+    run_cmd->add_flag("--packed", run.packed,
+                      "compute the real tokens only (--mask's ones, right padding), packed: padded rows of the "
+                      "output and padded entries of --probs are zeros");
     run_cmd->add_option("--variant", run.variant, "variant name (attn variants); default: the best this CPU runs");
     run_cmd->add_option("--output", run.output, "y: float32 [batch, seq, hidden] .npy to write")->required();
     run_cmd->add_option("--probs", run.probs, "also write the probabilities float32 [batch, heads, seq, seq] .npy");

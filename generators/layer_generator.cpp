@@ -1,7 +1,9 @@
 // The fused layer: QKV projection, scores, masked softmax, weighted sum, output
 // projection, residual and LayerNorm in one pipeline. Keys and values come from kv:
 // self-attention passes x as kv too. output_probs=true adds the output probs, the
-// attention probabilities (manifest.json: attention_layer and attention_layer_probs).
+// attention probabilities; packed=true takes packed variable-length sequences instead
+// of a padded batch (manifest.json: attention_layer, attention_layer_probs,
+// attention_layer_packed, attention_layer_packed_probs).
 #include "attention_generator.h"
 
 namespace attn_gen {
@@ -11,56 +13,87 @@ using namespace Halide;
 class AttentionLayerGenerator : public AttentionGenerator<AttentionLayerGenerator> {
 public:
     GeneratorParam<bool> output_probs{"output_probs", false};
+    // Packed variable-length sequences (DESIGN.md) instead of a padded batch.
+    GeneratorParam<bool> packed{"packed", false};
 
-    Input<Buffer<float, 3>> x{"x"};    // (hidden, seq_q, batch) = [B, S_q, H]
-    Input<Buffer<float, 3>> kv{"kv"};  // (hidden, seq_k, batch) = [B, S_k, H]; x for self-attention
+    // Dense: (hidden, seq_q, batch) = [B, S_q, H]. Packed: the token rows as a batch of one,
+    // (hidden, token, 1) = [1, T, H].
+    Input<Buffer<float, 3>> x{"x"};
     Input<Buffer<float, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"}, w_o{"w_o"};  // (in, out) = [H_out, H_in]
     Input<Buffer<float, 1>> b_q{"b_q"}, b_k{"b_k"}, b_v{"b_v"}, b_o{"b_o"};  // [H]
     Input<Buffer<float, 1>> gamma{"gamma"}, beta{"beta"};                    // [H]
-    Input<Buffer<uint8_t, 2>> key_padding_mask{"key_padding_mask"};          // (key, batch) = [B, S_k]; 1 = real token
-    Input<Buffer<float, 4>> bias{"bias"};  // (key, query, head, batch) = [B, heads, S_q, S_k]; zeros when absent
+    // (key, query, head, batch) = [B, heads, S_q, S_k], zeros when absent; packed: one
+    // [heads, S_max, S_max] bias for every sequence (batch stride 0), S_max = max_length.
+    Input<Buffer<float, 4>> bias{"bias"};
     Input<bool> causal{"causal", false};
     Input<int> heads{"heads", 12, 1, 4096};
     Input<float> eps{"eps", 1e-12f};
-    Output<Buffer<float, 3>> y{"y"};  // (hidden, seq_q, batch)
-
-    GeneratorOutput<Buffer<float, 4>> *probs = nullptr;  // (key, query, head, batch)
+    // Dense only:
+    GeneratorInput<Buffer<float, 3>> *kv = nullptr;                // (hidden, seq_k, batch); x for self-attention
+    GeneratorInput<Buffer<uint8_t, 2>> *key_padding_mask = nullptr;  // (key, batch) = [B, S_k]; 1 = real token
+    // Packed only:
+    GeneratorInput<Buffer<int32_t, 1>> *sequence_offsets = nullptr;  // [B + 1], as FlashAttention's cu_seqlens
+    GeneratorInput<int> *max_length = nullptr;                       // the longest sequence, S_max
+    Output<Buffer<float, 3>> y{"y"};  // as x
+    // (key, query, head, batch); packed: [B, heads, S_max, S_max], each sequence's [L, L] at its top left.
+    GeneratorOutput<Buffer<float, 4>> *probs = nullptr;
 
     void configure() {
+        if (packed) {
+            sequence_offsets = add_input<Buffer<int32_t, 1>>("sequence_offsets");
+            max_length = add_input<int>("max_length");
+        } else {
+            kv = add_input<Buffer<float, 3>>("kv");
+            key_padding_mask = add_input<Buffer<uint8_t, 2>>("key_padding_mask");
+        }
         if (output_probs) probs = add_output<Buffer<float, 4>>("probs");
     }
 
     void generate() {
         LayerInputs in;
         in.x = x;
-        in.kv = kv;
         in.w_q = w_q, in.w_k = w_k, in.w_v = w_v, in.w_o = w_o;
         in.b_q = b_q, in.b_k = b_k, in.b_v = b_v, in.b_o = b_o;
         in.gamma = gamma, in.beta = beta;
-        in.key_padding_mask = key_padding_mask;
         in.bias = bias;
         in.causal = causal, in.heads = heads, in.eps = eps;
         in.output_probs = output_probs;
         in.blocking = this->blocking();
         in.hidden = x.dim(0).extent();
-        in.s_q = x.dim(1).extent();
-        in.s_k = kv.dim(1).extent();
+        if (packed) {
+            in.kv = x;
+            in.sequence_offsets = *sequence_offsets;
+            in.sequences = sequence_offsets->dim(0).extent() - 1;
+            in.tokens = x.dim(1).extent();
+            in.s_q = in.s_k = *max_length;
+        } else {
+            in.kv = *kv;
+            in.key_padding_mask = *key_padding_mask;
+            in.s_q = x.dim(1).extent();
+            in.s_k = kv->dim(1).extent();
+        }
         layer_ = attention_layer(in);
         y = layer_.output.y;
         if (probs) *probs = layer_.softmax.probs;
 
-        const int batch = estimate_batch();
-        const Region activation{{0, kEstimateHidden}, {0, kEstimateSeq}, {0, batch}};
+        // Packed: a batch of 8 sequences of 128 tokens, on every device (packing is for batches).
+        const int batch = packed ? kEstimateBatchGpu : estimate_batch();
+        const Region activation{{0, kEstimateHidden}, {0, kEstimateSeq * (packed ? batch : 1)}, {0, packed ? 1 : batch}};
         const Region score{{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, batch}};
         x.set_estimates(activation);
-        kv.set_estimates(activation);
         for (auto *w : {&w_q, &w_k, &w_v, &w_o}) w->set_estimates({{0, kEstimateHidden}, {0, kEstimateHidden}});
         for (auto *p : {&b_q, &b_k, &b_v, &b_o, &gamma, &beta}) p->set_estimates({{0, kEstimateHidden}});
-        key_padding_mask.set_estimates({{0, kEstimateSeq}, {0, batch}});
         bias.set_estimates(score);
         causal.set_estimate(false);
         heads.set_estimate(kEstimateHeads);
         eps.set_estimate(1e-12f);
+        if (packed) {
+            sequence_offsets->set_estimates({{0, batch + 1}});
+            max_length->set_estimate(kEstimateSeq);
+        } else {
+            kv->set_estimates(activation);
+            key_padding_mask->set_estimates({{0, kEstimateSeq}, {0, batch}});
+        }
         y.set_estimates(activation);
         if (probs) probs->set_estimates(score);
     }

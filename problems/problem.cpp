@@ -14,8 +14,11 @@ std::string Problem::name() const {
     s << "_h" << hidden << "_n" << heads;
     if (cross) s << "_cross";
     if (causal) s << "_causal";
-    switch (mask) {
+    switch (packed ? Mask::none : mask) {
         case Mask::none:
+            break;
+        case Mask::squad:
+            s << "_squad";
             break;
         case Mask::padding:
             s << "_pad";
@@ -28,6 +31,7 @@ std::string Problem::name() const {
             break;
     }
     if (bias) s << "_bias";
+    if (packed) s << "_varlen";
     return s.str();
 }
 
@@ -61,9 +65,17 @@ LayerData::LayerData(const Problem &p, uint32_t seed) : problem(p) {
     if (p.mask != Mask::none) {
         mask.assign(std::size_t(p.batch * p.s_k), 1);
         std::uniform_int_distribution<int64_t> length(1, p.s_k);
+        // SQuAD v1.1 as BERT sees it at max_seq_length 384 (a question and a passage
+        // window): passages longer than a window make full windows, about a quarter of the
+        // features; the rest spread log-normally around 150 tokens. A model of the
+        // distribution, not a sample of the data set.
+        std::bernoulli_distribution full_window(0.25);
+        std::lognormal_distribution<double> squad_length(std::log(150.0), 0.35);
         for (int64_t b = 0; b < p.batch; ++b) {
             int64_t real = p.s_k;
             if (p.mask == Mask::padding) real = length(rng);
+            if (p.mask == Mask::squad && !full_window(rng))
+                real = std::clamp<int64_t>(std::llround(squad_length(rng)), 32, p.s_k);
             if (p.mask == Mask::one_real) real = 1;
             if (p.mask == Mask::empty_batch && b == 0) real = 0;
             for (int64_t j = real; j < p.s_k; ++j) mask[std::size_t(b * p.s_k + j)] = 0;
@@ -86,6 +98,20 @@ AttentionInputs LayerData::inputs() const {
     if (!mask.empty()) in.key_padding_mask = {mask.data(), mask.size(), {p.batch, p.s_k}};
     if (p.bias) in.bias = {bias.data(), bias.size(), {1, p.heads, p.s_q, p.s_k}};
     return in;
+}
+
+std::vector<int64_t> LayerData::lengths() const {
+    std::vector<int64_t> lengths;
+    for (int64_t b = 0; b < problem.batch; ++b) {
+        const auto row = mask.begin() + b * problem.s_k;
+        lengths.push_back(mask.empty() ? problem.s_k : std::count(row, row + problem.s_k, uint8_t(1)));
+    }
+    return lengths;
+}
+
+PackedBatch LayerData::packed() const {
+    const AttentionInputs in = inputs();
+    return pack(in.x, in.key_padding_mask);
 }
 
 GuardedOutput::GuardedOutput(Shape shape) : shape_(std::move(shape)) {
@@ -147,6 +173,10 @@ const std::vector<ListedProblem> &problem_list() {
         p.mask = mask;
         return p;
     };
+    auto packed = [](Problem p) {
+        p.packed = true;
+        return p;
+    };
     static const std::vector<ListedProblem> list{
         // BERT-base (12 heads of 64), one 128-token sequence: the latency case.
         {make(1, 128, 768, false, Mask::none), "BERT-base, one 128-token sequence", true},
@@ -154,6 +184,10 @@ const std::vector<ListedProblem> &problem_list() {
         {make(1, 384, 768, false, Mask::none), "BERT-base, 384 tokens (SQuAD)", true},
         // BERT-base serving a batch of 8 padded sentences of seeded lengths in [1, 128].
         {make(8, 128, 768, false, Mask::padding), "BERT-base, batch of 8 padded sentences", true},
+        // The same 8 sentences packed: only their real tokens (Attention::forward_packed).
+        {packed(make(8, 128, 768, false, Mask::padding)), "BERT-base, the 8 sentences packed", true},
+        // BERT-base on 32 SQuAD-like features (up to 384 tokens), packed.
+        {packed(make(32, 384, 768, false, Mask::squad)), "BERT-base, 32 SQuAD-like features packed", false},
         // BERT-base serving 8 padded passages of up to 512 tokens (SQuAD-style).
         {make(8, 512, 768, false, Mask::padding), "BERT-base, batch of 8 padded 512-token passages", false},
         // all-MiniLM-L6-v2 (H=384, 12 heads of 32), the sentence-embedding workhorse.

@@ -17,6 +17,7 @@ enum class Mask {
     padding,      // each batch keeps a seeded number of real tokens, at least one
     one_real,     // only the first key is real
     empty_batch,  // batch 0 has no real key: every row of it is fully masked
+    squad,        // seeded lengths like SQuAD's BERT features (see problem.cpp)
 };
 
 struct Problem {
@@ -25,6 +26,9 @@ struct Problem {
     bool causal = false;
     Mask mask = Mask::none;
     bool bias = false;  // additive bias [1, heads, S_q, S_k]
+    // Packed variable-length sequences: the real tokens of the padded batch this problem
+    // otherwise is (its mask's lengths), run by Attention::forward_packed. Self-attention.
+    bool packed = false;
 
     std::string name() const;
     Config config() const;
@@ -39,6 +43,9 @@ struct LayerData {
     explicit LayerData(const Problem &problem, uint32_t seed = 1234);
     LayerWeights weights() const;
     AttentionInputs inputs() const;
+    // Each sequence's real length (the mask's), and the real tokens packed (attn::pack).
+    std::vector<int64_t> lengths() const;
+    PackedBatch packed() const;
 };
 
 // Output storage with guard zones before and after, filled with a sentinel, to

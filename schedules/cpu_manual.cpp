@@ -236,6 +236,19 @@ void schedule_flash_core(attn_gen::AttentionLayer l, const CpuTiling &t, const T
     tiled_rows(f.block_context, e, qi, {lane, f.key_in_block.y}, t.context_vectors, step, t, target);
 }
 
+// Packed sequences: each token row's sequence (a vectorized count over the sequence
+// starts), and the core's context gathered back to token rows, once, before the output
+// projection reads it in its register tiles.
+void schedule_packed_sequences(attn_gen::PackedSequences p, const Target &target) {
+    const int vw = vector_width(target);
+    const Var &s = dims.seq, &e = dims.head_dim;
+    Var so{"so"}, si{"si"};
+    p.length.compute_root();
+    p.sequence.compute_root().vectorize(s, vw, kGuard);
+    p.sequence.update().vectorize(s, vw, kGuard);
+    p.ctx.compute_root().split(s, so, si, 16, kGuard).parallel(so).vectorize(e, vw, kGuard);
+}
+
 }  // namespace
 
 void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_output, const CpuTiling &t,
@@ -261,6 +274,7 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
     } else {
         schedule_flash_core(l, t, target);
     }
+    if (l.packed.defined()) schedule_packed_sequences(l.packed, target);
     schedule_output(l.output, t, target);
 }
 

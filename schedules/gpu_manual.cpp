@@ -161,7 +161,14 @@ void gpu_projection(Func out, Func product, Func weight_t, const Var &col, VarOr
         .unroll(ru);
     // The product's own row: `row`, or for an update's RVar the product's (its second argument).
     const Var product_row = row.is_rvar ? product.args()[1] : row.var;
-    product.compute_at(out, ct).store_in(MemoryType::Register).unroll(col).unroll(product_row);
+    // Whole tiles at the edges too (the algorithm clamps the reads): the unrolled loops need
+    // a constant extent, which bounds inference cannot always prove of a guarded tile
+    // (packed sequences' K and V, read at data-dependent rows).
+    product.compute_at(out, ct)
+        .store_in(MemoryType::Register)
+        .bound_extent(product_row, T::kThreadRows)
+        .unroll(col)
+        .unroll(product_row);
     std::vector<VarOrRVar> order{col, product_row};
     RVar k_outer{"k_outer"}, k_inner{"k_inner"};
     Stage update = product.update();
@@ -324,7 +331,10 @@ void schedule_flash_core(attn_gen::FlashAttention f) {
         tile.compute_at(step).store_in(MemoryType::GPUShared);
         tile.update().split(qi, ro, rt, kRowThreads, kGuard).reorder(lane, rt, ro, chunk).gpu_threads(lane, rt);
     }
+    // One score per thread, in a register: its extents are stated, as bounds inference
+    // cannot prove them constant when the core reads packed sequences (data-dependent rows).
     f.dot.compute_at(f.scores, lane).store_in(MemoryType::Register);
+    for (const Var &v : f.dot.args()) f.dot.bound_extent(v, 1);
     per_row(f.block_max, qi, step);
     per_row(f.block_sum, qi, step);
     threads(f.block_context, e, qi, step);
@@ -340,9 +350,21 @@ void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_out
         schedule_masked_softmax_gpu(l.softmax);
         schedule_weighted_sum_gpu(l.context);
     } else {
-        l.key_end.compute_root().gpu_blocks(dims.batch);  // a block per batch, one thread scanning its mask
-        l.key_end.update().gpu_blocks(dims.batch);
+        if (!l.packed.defined()) {  // packed: key_end is each sequence's length, two loads inlined
+            l.key_end.compute_root().gpu_blocks(dims.batch);  // a block per batch, one thread scanning its mask
+            l.key_end.update().gpu_blocks(dims.batch);
+        }
         schedule_flash_core(l.flash);
+    }
+    if (l.packed.defined()) {
+        // Each token row's sequence (a thread per row counting the starts before it), and the
+        // core's context gathered back to token rows (lanes along the head dimension).
+        const Var &s = dims.seq, &e = dims.head_dim, &h = dims.head;
+        Var so{"so"}, si{"si"}, feature{"feature"}, fo{"fo"}, fi{"fi"};
+        l.packed.sequence.compute_root().gpu_tile(s, so, si, kLanes, kGuard);
+        l.packed.sequence.update().gpu_tile(s, so, si, kLanes, kGuard);
+        l.packed.ctx.compute_root().fuse(e, h, feature).gpu_tile(feature, s, fo, so, fi, si, kLanes, kRowThreads,
+                                                                  kGuard);
     }
     schedule_output_layernorm_gpu(l.output);
 }

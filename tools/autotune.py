@@ -3,7 +3,8 @@
 freezes the fastest.
 
 The search space for a function of manifest.json (its winner also serves the other
-functions of its generator: tuning attention_layer tunes attention_layer_probs):
+functions of its generator: tuning attention_layer tunes attention_layer_probs and the packed
+functions):
 
   - the hand-written schedule's own parameters (manifest.json: manual_parameters; only
     those the function uses);

@@ -45,6 +45,12 @@ ANDERSON_RESTRICTED = {"output_layernorm"}
 # over a constant extent", q_heads over head_dim); such a function is searched again
 # for 4 cores instead of 2, which leads it to another schedule.
 RETRY = {"anderson2021": ANDERSON_RETRY, "adams2019": ["autoscheduler.parallelism=4"]}
+# Schedules whose first try emits, but which the build then rejects once their splits are
+# guarded (schedules/schedule_source.cpp, guard_every_split: "Can only unroll for loops
+# over a constant extent", seen on the packed layer): searched with these parameters,
+# found by trying, from the start.
+RETRY_FROM_THE_START = {("adams2019", "sse41", "attention_layer_packed_probs"): ["autoscheduler.parallelism=16"],
+                        ("adams2019", "avx512_zen4", "attention_layer_packed"): RETRY["adams2019"]}
 
 
 def with_params(params, overrides):
@@ -96,6 +102,8 @@ def freeze_one(manifest, generator_exe, plugin_dir, source, isa, function):
     as_params = [f"autoscheduler.{k}={v}" for k, v in manifest.autoscheduler_params(source, isa, function).items()]
     if source == "anderson2021" and function in ANDERSON_RESTRICTED:
         as_params = with_params(as_params, ANDERSON_RETRY)
+    if (source, isa, function) in RETRY_FROM_THE_START:
+        as_params = with_params(as_params, RETRY_FROM_THE_START[(source, isa, function)])
     symbol = f"attn_{function}_{source}_{isa}"
     plugin = plugin_dir / f"libautoschedule_{autoscheduler.lower()}.so"
     with tempfile.TemporaryDirectory() as tmp:

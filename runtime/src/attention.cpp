@@ -323,7 +323,112 @@ struct WeightViews {
           beta(halide_view(w.beta)) {}
 };
 
+// Binds the layer's weights to a call; `uploaded`: a GPU variant's, placed by the
+// Attention constructor, are passed as they are.
+void bind_weights(CallBuffers &c, detail::Arguments &a, WeightViews &w, const LayerWeights &t, bool uploaded) {
+    auto weight = [&](const char *name, Halide::Runtime::Buffer<const float> &b, const ConstTensor &view) {
+        a.buffer(name, uploaded ? b.raw_buffer() : c.input(name, b, view.memory));
+    };
+    weight("w_q", w.w_q, t.w_q), weight("w_k", w.w_k, t.w_k), weight("w_v", w.w_v, t.w_v);
+    weight("w_o", w.w_o, t.w_o), weight("b_q", w.b_q, t.b_q), weight("b_k", w.b_k, t.b_k);
+    weight("b_v", w.b_v, t.b_v), weight("b_o", w.b_o, t.b_o);
+    weight("gamma", w.gamma, t.gamma), weight("beta", w.beta, t.beta);
+}
+
+template <typename T>
+void check_host(const char *name, const TensorView<T> &t, const std::string &why) {
+    if (!t.empty() && t.memory != Memory::host) throw Error(name, "expected host memory (" + why + "), got device memory");
+}
+
+// Packed sequences' offsets against T token rows: each sequence's length, or the error
+// naming `name` (o_0 = 0, no decrease, o_B = T).
+std::vector<int64_t> sequence_lengths(const OffsetTensor &offsets, int64_t tokens, const char *tokens_from) {
+    const char *name = "sequence_offsets";
+    if (offsets.data == nullptr) throw Error(name, "data is null (expected [B + 1] int32 offsets)");
+    if (offsets.shape.size() != 1 || offsets.shape[0] < 1) {
+        throw Error(name, "expected shape [B + 1] with B >= 0, got " + str(offsets.shape));
+    }
+    check_host(name, offsets, "the offsets are validated on the host");
+    const int64_t count = offsets.shape[0];
+    if (offsets.size < std::size_t(count)) {
+        throw Error(name, "shape " + str(offsets.shape) + " needs " + std::to_string(count) +
+                              " elements, but the buffer holds " + std::to_string(offsets.size));
+    }
+    if (offsets.data[0] != 0) throw Error(name, "expected o_0 = 0, got " + std::to_string(offsets.data[0]));
+    std::vector<int64_t> lengths;
+    for (int64_t b = 0; b + 1 < count; ++b) {
+        const int32_t from = offsets.data[b], to = offsets.data[b + 1];
+        if (to < from) {
+            throw Error(name, "expected non-decreasing offsets, got o_" + std::to_string(b + 1) + " = " +
+                                  std::to_string(to) + " < o_" + std::to_string(b) + " = " + std::to_string(from));
+        }
+        lengths.push_back(to - from);
+    }
+    if (offsets.data[count - 1] != tokens) {
+        throw Error(name, "expected the last offset o_" + std::to_string(count - 1) + " = T = " +
+                              std::to_string(tokens) + " (" + tokens_from + "), got " +
+                              std::to_string(offsets.data[count - 1]));
+    }
+    return lengths;
+}
+
 }  // namespace
+
+PackedBatch pack(ConstTensor x, MaskTensor key_padding_mask) {
+    const char *layout = "[B, S, H]";
+    const Shape &shape = check_rank("x", x, 3, layout);
+    check_tensor("x", x, shape, layout);
+    check_host("x", x, "packing copies on the host");
+    const int64_t batch = shape[0], seq = shape[1], hidden = shape[2];
+    if (!key_padding_mask.empty()) {
+        check_tensor("key_padding_mask", key_padding_mask, {batch, seq}, "[B, S]");
+        check_host("key_padding_mask", key_padding_mask, "packing reads it on the host");
+    }
+    PackedBatch packed;
+    packed.hidden = hidden;
+    packed.sequence_offsets.push_back(0);
+    for (int64_t b = 0; b < batch; ++b) {
+        int64_t length = seq;
+        if (!key_padding_mask.empty()) {
+            const uint8_t *row = key_padding_mask.data + b * seq;
+            length = std::find(row, row + seq, uint8_t(0)) - row;
+            const uint8_t *late = std::find_if(row + length, row + seq, [](uint8_t m) { return m != 0; });
+            if (late != row + seq) {
+                throw Error("key_padding_mask", "expected right padding (each row: ones, then zeros); row " +
+                                                    std::to_string(b) + " has a real token at position " +
+                                                    std::to_string(late - row) + " after padding at position " +
+                                                    std::to_string(length));
+            }
+        }
+        const float *rows = x.data + b * seq * hidden;
+        packed.x.insert(packed.x.end(), rows, rows + length * hidden);
+        packed.sequence_offsets.push_back(int32_t(packed.sequence_offsets.back() + length));
+    }
+    return packed;
+}
+
+void unpack(ConstTensor packed, OffsetTensor sequence_offsets, MutableTensor padded) {
+    const Shape &ps = packed.shape;
+    if (ps.size() != 2 || ps[0] < 0 || ps[1] <= 0) throw Error("packed", "expected shape [T, H], got " + str(ps));
+    if (ps[0] > 0) check_tensor("packed", packed, ps, "[T, H]");
+    check_host("packed", packed, "unpacking copies on the host");
+    const std::vector<int64_t> lengths = sequence_lengths(sequence_offsets, ps[0], "packed's rows");
+    const int64_t batch = int64_t(lengths.size()), hidden = ps[1];
+    const int64_t longest = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+    const Shape &out = padded.shape;
+    if (out.size() != 3 || out[0] != batch || out[1] < longest || out[2] != hidden) {
+        throw Error("padded", "expected shape [B, S, H] = [" + std::to_string(batch) + ", S >= " +
+                                  std::to_string(longest) + ", " + std::to_string(hidden) + "], got " + str(out));
+    }
+    if (element_count(out) > 0) check_tensor("padded", padded, out, "[B, S, H]");
+    check_host("padded", padded, "unpacking copies on the host");
+    if (overlaps(padded, packed)) throw Error("padded", "must not overlap packed");
+    std::fill(padded.data, padded.data + element_count(out), 0.0f);
+    for (int64_t b = 0; b < batch; ++b) {
+        const float *from = packed.data + int64_t(sequence_offsets.data[b]) * hidden;
+        std::copy(from, from + lengths[std::size_t(b)] * hidden, padded.data + b * out[1] * hidden);
+    }
+}
 
 namespace detail {
 // A GPU variant's weights, uploaded once by the Attention constructor (host memory) or
@@ -414,14 +519,7 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     auto kv = cross ? halide_view(in.kv) : x;
     const std::string function = want_probs ? "attention_layer_probs" : "attention_layer";
     run_pipeline(function, *variant_, std::max(s_q, s_k), [&](CallBuffers &c, detail::Arguments &a) {
-        auto weight = [&](const char *name, Halide::Runtime::Buffer<const float> &b, const ConstTensor &t) {
-            a.buffer(name,
-                     device_weights_ ? b.raw_buffer() : c.input(name, b, t.memory));  // uploaded by the constructor
-        };
-        weight("w_q", w.w_q, weights_.w_q), weight("w_k", w.w_k, weights_.w_k), weight("w_v", w.w_v, weights_.w_v);
-        weight("w_o", w.w_o, weights_.w_o), weight("b_q", w.b_q, weights_.b_q), weight("b_k", w.b_k, weights_.b_k);
-        weight("b_v", w.b_v, weights_.b_v), weight("b_o", w.b_o, weights_.b_o);
-        weight("gamma", w.gamma, weights_.gamma), weight("beta", w.beta, weights_.beta);
+        bind_weights(c, a, w, weights_, device_weights_ != nullptr);
         a.buffer("key_padding_mask", placed_or_input(c, "key_padding_mask", mask));
         a.buffer("bias", placed_or_input(c, "bias", bias));
         halide_buffer_t *x_buffer = c.input("x", x, in.x.memory);
@@ -430,6 +528,122 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
         a.buffer("y", c.output("y", y_buf, y.memory));
         if (want_probs) a.buffer("probs", c.output("probs", probs_buf, probs.memory));
     });
+}
+
+void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableTensor probs) const {
+    detail::runnable_functions(*variant_);  // a variant that cannot run here is refused first
+    const int64_t hidden = config_.hidden_size, heads = config_.num_heads;
+    const Shape &xs = in.x.shape;
+    if (xs.size() != 2 || xs[0] < 0 || xs[1] != hidden) {
+        throw Error("x", "expected shape [T, H] with H = " + std::to_string(hidden) + ", got " + str(xs));
+    }
+    const int64_t tokens = xs[0];
+    if (tokens > 0) check_tensor("x", in.x, xs, "[T, H]");
+    const std::vector<int64_t> lengths = sequence_lengths(in.sequence_offsets, tokens, "x's rows");
+    const int64_t batch = int64_t(lengths.size());
+    const int64_t longest = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+    if (y.shape != xs) throw Error("y", "expected shape [T, H] = " + str(xs) + ", got " + str(y.shape));
+    if (tokens > 0) check_tensor("y", y, xs, "[T, H]");
+    const bool want_probs = !probs.empty();
+    if (want_probs) {
+        int64_t total = 0;
+        for (int64_t length : lengths) total += heads * length * length;
+        check_tensor("probs", probs, {total}, "[sum over sequences of heads * L_b^2]");
+        check_host("probs", probs, "each sequence's probabilities are gathered on the host");
+    }
+    const char *bias_layout = "[heads or 1, S_max, S_max]";
+    if (!in.bias.empty()) {
+        const Shape &bs = check_rank("bias", in.bias, 3, bias_layout);
+        if ((bs[0] != heads && bs[0] != 1) || bs[1] != bs[2] || bs[1] < longest) {
+            throw Error("bias", std::string("expected shape ") + bias_layout + " = [" + std::to_string(heads) +
+                                    " or 1, S_max, S_max] with S_max >= the longest sequence, " +
+                                    std::to_string(longest) + ", got " + str(bs));
+        }
+        check_tensor("bias", in.bias, bs, bias_layout);
+    }
+    for (const ConstTensor *input : {&in.x, &in.bias}) {
+        if (overlaps(y, *input)) throw Error("y", "must not overlap an input buffer");
+        if (want_probs && overlaps(probs, *input)) throw Error("probs", "must not overlap an input buffer");
+    }
+    if (want_probs && overlaps(y, probs)) throw Error("probs", "must not overlap y");
+    if (tokens == 0) return;  // no token, nothing to compute
+
+    prepare_halide(*variant_);
+    const halide_device_interface_t *gpu = detail::device_interface(variant_->device);
+    const int32_t t = int32_t(tokens), h = int32_t(hidden), s_max = int32_t(longest), b = int32_t(batch);
+    // The token rows as a batch of one: (hidden, token, 1).
+    const halide_dimension_t rows[3] = {{0, h, 1}, {0, t, h}, {0, 1, t * h}};
+    Halide::Runtime::Buffer<const float> x(in.x.data, 3, rows);
+    Halide::Runtime::Buffer<float> y_buf(y.data, 3, rows);
+    Halide::Runtime::Buffer<const int32_t> offsets(in.sequence_offsets.data, b + 1);
+    // One bias for every sequence: (key, query, head, sequence), sequence stride 0.
+    BiasArgument bias;
+    if (in.bias.empty()) {
+        bias.buffer = broadcast_row<float>(s_max, 0.0f, {s_max, int32_t(heads), b}, gpu,
+                                           device_weights_ ? &device_weights_->zeros : nullptr);
+        bias.placed = true;
+    } else {
+        const int32_t side = int32_t(in.bias.shape[1]);
+        const halide_dimension_t dims[4] = {
+            {0, side, 1}, {0, side, side}, {0, int32_t(heads), in.bias.shape[0] == 1 ? 0 : side * side}, {0, b, 0}};
+        bias.buffer = Halide::Runtime::Buffer<const float>(in.bias.data, 4, dims);
+        bias.memory = in.bias.memory;
+    }
+    // The probabilities come as [B, heads, S_max, S_max], each sequence's at its top left.
+    Halide::Runtime::Buffer<float> padded_probs;
+    if (want_probs) padded_probs = Halide::Runtime::Buffer<float>(s_max, s_max, int32_t(heads), b);
+    std::unique_ptr<WeightViews> host_weights;
+    WeightViews &w =
+        device_weights_ ? device_weights_->views : *(host_weights = std::make_unique<WeightViews>(weights_));
+    const std::string function = want_probs ? "attention_layer_packed_probs" : "attention_layer_packed";
+    run_pipeline(function, *variant_, longest, [&](CallBuffers &c, detail::Arguments &a) {
+        bind_weights(c, a, w, weights_, device_weights_ != nullptr);
+        a.buffer("x", c.input("x", x, in.x.memory));
+        a.buffer("sequence_offsets", c.input("sequence_offsets", offsets, Memory::host));
+        a.buffer("bias", placed_or_input(c, "bias", bias));
+        a.scalar("max_length", s_max).scalar("causal", config_.causal).scalar("heads", int32_t(heads));
+        a.scalar("eps", config_.layer_norm_eps);
+        a.buffer("y", c.output("y", y_buf, y.memory));
+        if (want_probs) a.buffer("probs", c.output("probs", padded_probs, Memory::host));
+    });
+    if (!want_probs) return;
+    float *out = probs.data;
+    for (int32_t sequence = 0; sequence < b; ++sequence) {
+        const int32_t length = int32_t(lengths[std::size_t(sequence)]);
+        for (int32_t head = 0; head < int32_t(heads); ++head) {
+            for (int32_t i = 0; i < length; ++i) {
+                for (int32_t j = 0; j < length; ++j) *out++ = padded_probs(j, i, head, sequence);
+            }
+        }
+    }
+}
+
+void Attention::forward_unpadded(const AttentionInputs &in, MutableTensor y) const {
+    if (!in.kv.empty()) throw Error("kv", "forward_unpadded computes self-attention: expected no kv, got shape " +
+                                              str(in.kv.shape));
+    const char *layout = "[B, S, H]";
+    const Shape &xs = check_rank("x", in.x, 3, layout);
+    check_tensor("x", in.x, {xs[0], xs[1], config_.hidden_size}, layout);
+    check_tensor("y", y, xs, layout);
+    check_host("y", y, "unpacking copies on the host");
+    check_host("bias", in.bias, "the bias is passed on to forward_packed as a host view");
+    PackedBatch packed = pack(in.x, in.key_padding_mask);
+    PackedInputs inputs = packed.inputs();
+    if (!in.bias.empty()) {
+        const char *bias_layout = "[1, heads or 1, S, S]";
+        const Shape &bs = check_rank("bias", in.bias, 4, bias_layout);
+        if (bs[0] != 1 || (bs[1] != config_.num_heads && bs[1] != 1) || bs[2] != xs[1] || bs[3] != xs[1]) {
+            throw Error("bias", std::string("expected shape ") + bias_layout + " = [1, " +
+                                    std::to_string(config_.num_heads) + " or 1, " + std::to_string(xs[1]) + ", " +
+                                    std::to_string(xs[1]) + "] (one bias for every sequence), got " + str(bs));
+        }
+        check_tensor("bias", in.bias, bs, bias_layout);
+        inputs.bias = {in.bias.data, in.bias.size, {bs[1], bs[2], bs[3]}};
+    }
+    if (overlaps(y, in.x) || overlaps(y, in.bias)) throw Error("y", "must not overlap an input buffer");
+    std::vector<float> y_packed(packed.x.size());
+    forward_packed(inputs, view(y_packed, {packed.tokens(), config_.hidden_size}));
+    unpack(view(y_packed, {packed.tokens(), config_.hidden_size}), inputs.sequence_offsets, y);
 }
 
 namespace stages {

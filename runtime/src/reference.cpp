@@ -131,6 +131,34 @@ LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &w, con
     return out;
 }
 
+template <typename T>
+PackedOutputs<T> attention_layer_packed(const Config &config, const LayerWeights &w, const PackedInputs &in) {
+    const int64_t H = config.hidden_size;
+    const int64_t B = in.sequence_offsets.shape[0] - 1;
+    PackedOutputs<T> out;
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t start = in.sequence_offsets.data[b], L = in.sequence_offsets.data[b + 1] - start;
+        if (L == 0) continue;
+        AttentionInputs one;
+        one.x = {in.x.data + start * H, std::size_t(L * H), {1, L, H}};
+        // The bias's top-left L x L corner of each head.
+        std::vector<float> bias;
+        if (!in.bias.empty()) {
+            const int64_t bias_heads = in.bias.shape[0], side = in.bias.shape[1];
+            for (int64_t h = 0; h < bias_heads; ++h)
+                for (int64_t i = 0; i < L; ++i) {
+                    const float *row = in.bias.data + (h * side + i) * side;
+                    bias.insert(bias.end(), row, row + L);
+                }
+            one.bias = {bias.data(), bias.size(), {1, bias_heads, L, L}};
+        }
+        const LayerOutputs<T> dense = attention_layer<T>(config, w, one);
+        out.y.insert(out.y.end(), dense.y.begin(), dense.y.end());
+        out.probs.insert(out.probs.end(), dense.probs.begin(), dense.probs.end());
+    }
+    return out;
+}
+
 #define ATTN_INSTANTIATE(T)                                                                                         \
     template std::vector<T> linear(const std::vector<T> &, int64_t, const ConstTensor &, const ConstTensor &);      \
     template std::vector<T> attention_scores(const Config &, Sizes, const std::vector<T> &, const std::vector<T> &, \
@@ -139,7 +167,8 @@ LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &w, con
     template std::vector<T> weighted_sum(const Config &, Sizes, const std::vector<T> &, const std::vector<T> &);    \
     template std::vector<T> output_layernorm(const Config &, Sizes, const std::vector<T> &, const std::vector<T> &, \
                                              const LayerWeights &);                                                 \
-    template LayerOutputs<T> attention_layer(const Config &, const LayerWeights &, const AttentionInputs &);
+    template LayerOutputs<T> attention_layer(const Config &, const LayerWeights &, const AttentionInputs &);      \
+    template PackedOutputs<T> attention_layer_packed(const Config &, const LayerWeights &, const PackedInputs &);
 ATTN_INSTANTIATE(float)
 ATTN_INSTANTIATE(double)
 #undef ATTN_INSTANTIATE

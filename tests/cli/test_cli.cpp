@@ -474,6 +474,51 @@ TEST_F(CliTest, RunMatchesTheReferenceAndWritesProbabilities) {
     EXPECT_EQ(p_values[(1 * 2 + 0) * 25 + 0 * 5 + 4], 0.0f) << "padded key 4 of sequence 1 gets no attention";
 }
 
+TEST_F(CliTest, RunPackedComputesRealTokensAndZerosPadding) {
+    const TinyBert bert;
+    bert.write(path("model"));
+    const CheckpointLayer layer = load_bert_layer(path("model"), 1, std::nullopt, std::nullopt);
+    const int64_t batch = 3, seq = 5;
+    std::vector<float> x(batch * seq * 8);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal;
+    for (float &e : x) e = normal(rng);
+    write_npy(path("x.npy"), {batch, seq, 8}, x, "x");
+    const uint8_t mask[] = {1, 1, 1, 0, 0, /**/ 1, 1, 1, 1, 1, /**/ 1, 0, 0, 0, 0};
+    write_file(path("mask.npy"), npy_file(npy_header("|b1", "(3, 5)"), raw(mask, 15)));
+
+    const Result r = attn("run --packed --model " + path("model") + " --layer 1 --input " + path("x.npy") +
+                          " --mask " + path("mask.npy") + " --output " + path("y.npy") + " --probs " + path("p.npy"));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("packed"), std::string::npos) << r.output;
+
+    // Real rows and their probabilities as the dense reference computes them; padding zeros.
+    AttentionInputs inputs;
+    inputs.x = {x.data(), x.size(), {batch, seq, 8}};
+    inputs.key_padding_mask = {mask, 15, {batch, seq}};
+    auto exact = reference::attention_layer<double>(layer.config, layer.weights(), inputs);
+    auto plain = reference::attention_layer<float>(layer.config, layer.weights(), inputs);
+    for (int64_t b = 0; b < batch; ++b)
+        for (int64_t i = 0; i < seq; ++i) {
+            if (mask[b * seq + i]) continue;
+            for (int64_t o = 0; o < 8; ++o) exact.y[std::size_t((b * seq + i) * 8 + o)] = plain.y[std::size_t((b * seq + i) * 8 + o)] = 0;
+            for (int64_t h = 0; h < 2; ++h)
+                for (int64_t j = 0; j < seq; ++j) {
+                    const std::size_t at = std::size_t(((b * 2 + h) * seq + i) * seq + j);
+                    exact.probs[at] = plain.probs[at] = 0;
+                }
+        }
+    const Array y = read_npy(path("y.npy"), "y"), p = read_npy(path("p.npy"), "p");
+    ASSERT_EQ(y.shape, (Shape{batch, seq, 8}));
+    ASSERT_EQ(p.shape, (Shape{batch, 2, seq, seq}));
+    const auto y_values = to_float32(y, "y"), p_values = to_float32(p, "p");
+    const auto y_accuracy = testing::check_accuracy(y_values.data(), exact.y, plain.y);
+    const auto p_accuracy = testing::check_accuracy(p_values.data(), exact.probs, plain.probs);
+    EXPECT_TRUE(y_accuracy.ok) << y_accuracy.report("y");
+    EXPECT_TRUE(p_accuracy.ok) << p_accuracy.report("probs");
+    EXPECT_EQ(y_values[(2 * seq + 3) * 8], 0.0f) << "padded row 3 of sequence 2 is zero";
+}
+
 TEST_F(CliTest, RunRefusesBadInputsWithAMessageAndNonZeroExit) {
     const TinyBert bert;
     bert.write(path("model"));

@@ -63,7 +63,8 @@ struct TensorView {
 };
 using ConstTensor = TensorView<const float>;
 using MutableTensor = TensorView<float>;
-using MaskTensor = TensorView<const uint8_t>;  // 1 = real token, 0 = padding
+using MaskTensor = TensorView<const uint8_t>;     // 1 = real token, 0 = padding
+using OffsetTensor = TensorView<const int32_t>;  // packed sequences' offsets (host memory)
 
 // Views over a container's storage, e.g. attn::view(std::vector<float>&, {B, S, H}).
 template <typename Container>
@@ -99,6 +100,36 @@ struct AttentionInputs {
     ConstTensor bias;             // [B or 1, heads or 1, S_q, S_k] added to the scores; empty: none
 };
 
+// Packed variable-length sequences (DESIGN.md), as FlashAttention's varlen API takes
+// them: only the real tokens, so no work is spent on padding. Each sequence is computed
+// exactly as forward() computes a batch of one of its length; tokens of different
+// sequences never attend to each other. Causal (Config::causal) applies per sequence.
+struct PackedInputs {
+    ConstTensor x;                  // [T, H]: every sequence's tokens, one sequence after another
+    OffsetTensor sequence_offsets;  // [B + 1], cu_seqlens: 0 = o_0 <= ... <= o_B = T; sequence b is rows
+                                    // [o_b, o_{b+1}); empty sequences allowed; host memory
+    ConstTensor bias;  // [heads or 1, S_max, S_max] added to the score of positions (i, j) within each
+                       // sequence, S_max >= the longest sequence (relative positions, ALiBi); empty: none
+};
+
+// A padded batch's real tokens, packed (attn::pack), as the vectors PackedInputs views.
+struct PackedBatch {
+    std::vector<float> x;                   // [T, H]
+    std::vector<int32_t> sequence_offsets;  // [B + 1]
+    int64_t hidden = 0;
+    int64_t tokens() const { return hidden > 0 ? int64_t(x.size()) / hidden : 0; }
+    PackedInputs inputs() const {
+        return {{x.data(), x.size(), {tokens(), hidden}}, {sequence_offsets.data(), sequence_offsets.size(),
+                                                           {int64_t(sequence_offsets.size())}}, {}};
+    }
+};
+// Keeps the tokens of x [B, S, H] whose key_padding_mask [B, S] is 1, which must be right
+// padding (each row: ones, then zeros); an empty mask keeps every token.
+PackedBatch pack(ConstTensor x, MaskTensor key_padding_mask);
+// Writes packed rows [T, H] back to padded [B, S, H] (S >= the longest sequence), zeros
+// at padded positions.
+void unpack(ConstTensor packed, OffsetTensor sequence_offsets, MutableTensor padded);
+
 // A variant: one ISA's build with one schedule source (the project's manifest.json).
 struct VariantInfo {
     std::string name;      // "<schedule>_<isa>", e.g. "manual_avx2"
@@ -108,7 +139,8 @@ struct VariantInfo {
     std::string device;    // "cpu", "cuda" or "opencl"
     // The AOT functions it provides: qkv_projection, attention_scores, masked_softmax,
     // weighted_sum, output_layernorm (the stages), attention_layer and
-    // attention_layer_probs (the fused layer, without and with the probabilities).
+    // attention_layer_probs (the fused layer, without and with the probabilities), and
+    // attention_layer_packed and attention_layer_packed_probs (the same over packed sequences).
     std::vector<std::string> functions;
     bool bitwise_reproducible = true;  // the same input gives the same bits on every run
     // Why the variant's tiles limit its shapes (manifest.json: shape_limited_on and
@@ -145,6 +177,15 @@ public:
 
     // y [B, S_q, H]. `probs`, if given, receives [B, heads, S_q, S_k].
     void forward(const AttentionInputs &inputs, MutableTensor y, MutableTensor probs = {}) const;
+
+    // Packed sequences: y [T, H]. `probs`, if given (host memory), receives each sequence's
+    // [heads, L_b, L_b], one after another: [sum of heads·L_b²].
+    void forward_packed(const PackedInputs &inputs, MutableTensor y, MutableTensor probs = {}) const;
+
+    // A padded batch (self-attention, right padding) computed without its padding: packs the
+    // real tokens, runs forward_packed and writes y [B, S, H] with zeros at padded positions
+    // (forward() computes those rows instead). A bias must be [1, heads or 1, S, S]. Host memory.
+    void forward_unpadded(const AttentionInputs &inputs, MutableTensor y) const;
 
     // Waits for this layer's queued GPU work (see attn::synchronize).
     void synchronize() const;

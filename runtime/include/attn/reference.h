@@ -50,4 +50,14 @@ struct LayerOutputs {
 template <typename T>
 LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &weights, const AttentionInputs &inputs);
 
+// Packed sequences (DESIGN.md): each sequence through attention_layer as a batch of one
+// of its length, with its top-left corner of the bias. y [T, H]; probs each sequence's
+// [heads, L_b, L_b], one after another.
+template <typename T>
+struct PackedOutputs {
+    std::vector<T> y, probs;
+};
+template <typename T>
+PackedOutputs<T> attention_layer_packed(const Config &config, const LayerWeights &weights, const PackedInputs &inputs);
+
 }  // namespace attn::reference
