@@ -152,6 +152,10 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     // the block's last query (bottom-right aligned), padded ones at the batch's last real key.
     Expr last_query = min(qb * Q + Q - 1, s_q - 1);
     Expr key_limit = min(key_end(b), select(causal, last_query + (s_k - s_q) + 1, s_k));
+    // A query block wholly past query_end sees no key: (query_end − its first query) · s_k
+    // is ≤ 0 there and ≥ s_k elsewhere. A min, not a select: Halide bounds the loops over
+    // key blocks and chunks by it, and computes none of a dead block's scores.
+    if (query_end.defined()) key_limit = min(key_limit, (query_end(b) - qb * Q) * s_k);
 
     f.keys = Func{"keys"};
     f.keys(j, e, h, b) = k_heads(e, h, last(j, s_k), b);
@@ -203,9 +207,7 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     f.block_context(e, qi, qb, kb, h, b) += weight * f.values(e, key, h, b);
 
     f.key_blocks = RDom(0, (s_k + K - 1) / K, "key_blocks");
-    // A query block wholly past query_end visits no key block (so none of its chunks either).
-    Expr blocks_limit = query_end.defined() ? select(qb * Q < query_end(b), key_limit, 0) : key_limit;
-    f.key_blocks.where(f.key_blocks * K < blocks_limit);
+    f.key_blocks.where(f.key_blocks * K < key_limit);
     const RVar &block = f.key_blocks.x;
     f.running = Func{"running"};
     f.running(e, qi, qb, h, b) = Tuple(0.0f, kLowest, 0.0f);
@@ -227,11 +229,11 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     return f;
 }
 
-PackedSequences packed_sequences(Func offsets, Expr sequences, Expr tokens, Expr max_length) {
+PackedSequences packed_sequences(Func offsets, Expr sequences, Expr tokens) {
     const Var &b = dims.batch, &s = dims.seq, &j = dims.key;
     PackedSequences p;
     p.offsets = offsets;
-    p.sequences = sequences, p.tokens = tokens, p.max_length = max_length;
+    p.sequences = sequences, p.tokens = tokens;
     p.length = Func{"sequence_length"};
     p.length(b) = offsets(b + 1) - offsets(b);
     p.key_is_real = Func{"sequence_key_is_real"};
@@ -275,7 +277,7 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     // What the attention core sees: the batch, or the packed sequences viewed as a padded batch.
     Func q_heads = l.q_heads, k_heads = l.k_heads, v_heads = l.v_heads, key_padding_mask = in.key_padding_mask;
     if (packed) {
-        l.packed = packed_sequences(in.sequence_offsets, in.sequences, in.tokens, in.s_q);
+        l.packed = packed_sequences(in.sequence_offsets, in.sequences, in.tokens);
         q_heads = l.packed.by_sequence("q_by_sequence", l.q_heads);
         k_heads = l.packed.by_sequence("k_by_sequence", l.k_heads);
         v_heads = l.packed.by_sequence("v_by_sequence", l.v_heads);

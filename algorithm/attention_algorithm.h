@@ -129,7 +129,8 @@ Halide::Func last_real_key(Halide::Func key_padding_mask, Halide::Expr s_k);
 // l = 0: no key kept). Keys that no query of the block may see are never visited: the
 // loop over key blocks, and within the last block visited the loop over its chunks of
 // key_chunk keys, stop at the causal diagonal of the block's last query and at the
-// batch's last real key. Masks and the bias apply per score as in MaskedSoftmax.
+// batch's last real key; a query block wholly past query_end(b), when given (the end of
+// a packed sequence), visits none. Masks and the bias apply per score as in MaskedSoftmax.
 struct FlashAttention {
     Halide::Func keys;         // (key, head_dim, head, batch): K packed per head, keys innermost
     Halide::Func values;       // (head_dim, key, head, batch): V packed per head
@@ -166,13 +167,12 @@ struct PackedSequences {
     Halide::Func sequence;  // (seq): the sequence of a token row (how many of offsets(1..B-1) are <= it)
     Halide::RDom later_starts;  // offsets(1..B-1), for `sequence`
     Halide::Func ctx;       // (head_dim, head, seq, batch of 1): the core's ctx gathered back to token rows
-    Halide::Expr sequences, tokens, max_length;
+    Halide::Expr sequences, tokens;
     // (head_dim, head, position, sequence) view of a (head_dim, head, token, batch of 1) Func.
     Halide::Func by_sequence(const std::string &name, Halide::Func token_heads) const;
     bool defined() const { return offsets.defined(); }
 };
-PackedSequences packed_sequences(Halide::Func offsets, Halide::Expr sequences, Halide::Expr tokens,
-                                 Halide::Expr max_length);
+PackedSequences packed_sequences(Halide::Func offsets, Halide::Expr sequences, Halide::Expr tokens);
 
 // The whole layer, with every intermediate Func named so schedules can reach it.
 struct AttentionLayer {

@@ -1,5 +1,7 @@
 #include "peak_memory.h"
 
+#include "attn/internal.h"  // detail::install_scratch_cache
+
 #include <HalideRuntime.h>
 
 #include <atomic>
@@ -14,15 +16,19 @@ int64_t bytes_at_start = 0;
 // Each block carries its size in a header as wide as the alignment Halide wants.
 constexpr std::size_t kHeader = 128;
 
-void *counted_alloc(std::size_t size) {
-    void *block = std::aligned_alloc(kHeader, (size + 2 * kHeader - 1) / kHeader * kHeader);
-    if (!block) return nullptr;
-    *static_cast<std::size_t *>(block) = size;
+void counted(std::size_t size) {
     const int64_t now = live_bytes += int64_t(size);
     int64_t peak = peak_bytes.load();
     while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
     }
     ++allocations;
+}
+
+void *counted_alloc(std::size_t size) {
+    void *block = std::aligned_alloc(kHeader, (size + 2 * kHeader - 1) / kHeader * kHeader);
+    if (!block) return nullptr;
+    *static_cast<std::size_t *>(block) = size;
+    counted(size);
     return static_cast<char *>(block) + kHeader;
 }
 
@@ -33,8 +39,23 @@ void counted_free(void *p) {
     std::free(block);
 }
 
-extern "C" void *halide_counted_malloc(void *, size_t size) { return counted_alloc(size); }
-extern "C" void halide_counted_free(void *, void *p) { counted_free(p); }
+// Halide's allocations go through the library's allocator (its scratch cache), as in an
+// application, counted on the way.
+halide_malloc_t library_malloc = nullptr;
+halide_free_t library_free = nullptr;
+extern "C" void *halide_counted_malloc(void *user_context, size_t size) {
+    char *block = static_cast<char *>(library_malloc(user_context, size + kHeader));
+    if (!block) return nullptr;
+    *reinterpret_cast<std::size_t *>(block) = size;
+    counted(size);
+    return block + kHeader;
+}
+extern "C" void halide_counted_free(void *user_context, void *p) {
+    if (!p) return;
+    char *block = static_cast<char *>(p) - kHeader;
+    live_bytes -= int64_t(*reinterpret_cast<std::size_t *>(block));
+    library_free(user_context, block);
+}
 
 }  // namespace
 
@@ -51,8 +72,13 @@ void operator delete[](void *p, std::size_t) noexcept { counted_free(p); }
 namespace attn::bench {
 
 PeakMemory::PeakMemory() {
-    halide_set_custom_malloc(halide_counted_malloc);
-    halide_set_custom_free(halide_counted_free);
+    static const bool installed = [] {  // once: a second wrapper would wrap the first
+        attn::detail::install_scratch_cache();
+        library_free = halide_set_custom_free(halide_counted_free);
+        library_malloc = halide_set_custom_malloc(halide_counted_malloc);
+        return true;
+    }();
+    (void)installed;
 }
 
 void PeakMemory::Start() {

@@ -113,12 +113,7 @@ int run_layer(const RunOptions &options) {
         const int64_t heads = checkpoint.config.num_heads, hidden = checkpoint.config.hidden_size;
         std::vector<float> y_packed(packed.x.size()), probs_packed;
         const std::vector<int32_t> &offsets = packed.sequence_offsets;
-        if (!options.probs.empty()) {
-            int64_t total = 0;
-            for (std::size_t b = 0; b + 1 < offsets.size(); ++b)
-                total += heads * int64_t(offsets[b + 1] - offsets[b]) * (offsets[b + 1] - offsets[b]);
-            probs_packed.resize(std::size_t(total));
-        }
+        if (!options.probs.empty()) probs_packed.resize(std::size_t(packed_probs_size(packed.inputs().sequence_offsets, heads)));
         layer.forward_packed(packed.inputs(), view(y_packed, {packed.tokens(), hidden}),
                              options.probs.empty() ? MutableTensor{} : view(probs_packed, {int64_t(probs_packed.size())}));
         unpack(view(y_packed, {packed.tokens(), hidden}), packed.inputs().sequence_offsets,

@@ -82,11 +82,7 @@ struct PackedData {
         if (c.bias_side > 0) in.bias = {bias.data(), bias.size(), {c.shared_bias ? 1 : c.heads, c.bias_side, c.bias_side}};
         return in;
     }
-    int64_t probs_size() const {
-        int64_t total = 0;
-        for (int64_t length : c.lengths) total += c.heads * length * length;
-        return total;
-    }
+    int64_t probs_size() const { return packed_probs_size(inputs().sequence_offsets, c.heads); }
 };
 
 using VariantPacked = std::tuple<VariantInfo, PackedCase>;
@@ -296,6 +292,15 @@ TEST_F(PackedBadInput, ProbsOfAnotherSize) {
     std::vector<float> probs(10);
     expect_error([&] { layer.forward_packed(data.inputs(), y_view(), view(probs, {10})); }, "probs",
                  "expected shape [50]");
+}
+
+TEST(PackedProbsSize, IsHeadsTimesEachLengthSquaredSummed) {
+    const std::vector<int32_t> offsets{0, 3, 3, 7}, decreasing{0, 5, 3};
+    EXPECT_EQ(packed_probs_size({offsets.data(), offsets.size(), {4}}, 2), 2 * (9 + 0 + 16));
+    expect_error([&] { packed_probs_size({decreasing.data(), decreasing.size(), {3}}, 2); }, "sequence_offsets",
+                 "non-decreasing offsets, got o_2 = 3 < o_1 = 5");
+    expect_error([&] { packed_probs_size({offsets.data(), offsets.size(), {4}}, 0); }, "heads",
+                 "expected at least 1, got 0");
 }
 
 TEST_F(PackedBadInput, NoTokensIsNotAnError) {

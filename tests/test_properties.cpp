@@ -1,6 +1,8 @@
 // Properties that hold whatever the numerics: probability rows sum to 1 (0 when fully
 // masked), the same input gives the same output, causal outputs ignore future tokens,
-// real tokens ignore padded content, threads sharing one Attention get what one thread gets.
+// real tokens ignore padded content, threads sharing one Attention get what one thread gets,
+// and the host scratch cache hands back kept blocks without changing a result.
+#include "attn/internal.h"  // detail::scratch_stats
 #include "support/variant_param.h"
 
 #include <cmath>
@@ -176,6 +178,50 @@ TEST_P(PropertyTest, EightThreadsSharingOneAttentionGetTheSingleThreadedResult) 
     }
     for (std::thread &thread : threads) thread.join();
     for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[std::size_t(t)], "") << "thread " << t;
+}
+
+// The host scratch cache (runtime/src/host_scratch.cpp): a second call of the same shape
+// takes no new large block from the system and gives bit for bit the first call's result
+// (kept blocks hold the last call's values, which nothing may read); threads calling at
+// once each get their own blocks; release_scratch_memory gives back what is kept.
+TEST(ScratchCache, LargeIntermediatesAreKeptForTheNextCall) {
+    const VariantInfo &variant = select_variant();
+    release_scratch_memory();
+    Problem p;  // q, k, v, the context and the output's rows: 1.5 MiB each
+    p.batch = 4, p.s_q = p.s_k = 128, p.hidden = 768, p.heads = 12, p.mask = Mask::padding;
+    const LayerData data(p);
+    const Attention layer(p.config(), data.weights(), variant.name);
+    const Shape y_shape{p.batch, p.s_q, p.hidden};
+    std::vector<float> first(std::size_t(p.batch * p.s_q * p.hidden));
+    layer.forward(data.inputs(), view(first, y_shape));
+    const detail::ScratchStats after_first = detail::scratch_stats();
+    ASSERT_GT(after_first.kept_bytes, 0u) << variant.name << " allocated no intermediate of 1 MiB or more";
+
+    std::vector<float> again(first.size());
+    layer.forward(data.inputs(), view(again, y_shape));
+    const detail::ScratchStats after_second = detail::scratch_stats();
+    EXPECT_EQ(after_second.allocated, after_first.allocated) << "the second call allocated large blocks again";
+    EXPECT_GT(after_second.reused, after_first.reused);
+    EXPECT_EQ(after_second.kept_bytes, after_first.kept_bytes);
+    EXPECT_EQ(again, first);
+
+    std::vector<std::string> failures(4);
+    std::vector<std::thread> threads;
+    for (std::size_t t = 0; t < failures.size(); ++t) {
+        threads.emplace_back([&, t] {
+            std::vector<float> y(first.size());
+            for (int call = 0; call < 3; ++call) {
+                layer.forward(data.inputs(), view(y, y_shape));
+                if (y != first) failures[t] += "call " + std::to_string(call) + " differs; ";
+            }
+        });
+    }
+    for (std::thread &thread : threads) thread.join();
+    for (std::size_t t = 0; t < failures.size(); ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+
+    const std::size_t kept = detail::scratch_stats().kept_bytes;
+    EXPECT_EQ(release_scratch_memory(), kept);
+    EXPECT_EQ(detail::scratch_stats().kept_bytes, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, PropertyTest, ::testing::ValuesIn(variants()),

@@ -226,6 +226,7 @@ void check_halide(int status, const std::string &argument, const std::string &wh
 void prepare_halide(const VariantInfo &variant) {
     static const bool handler_installed = (halide_set_error_handler(capture_halide_error), true);
     (void)handler_installed;
+    detail::install_scratch_cache();
     if (variant.device != "cpu") {
         // Keep freed device buffers for the next call instead of returning them to the driver.
         static const bool reuse = (halide_reuse_device_allocations(nullptr, true), true);
@@ -342,6 +343,7 @@ void check_host(const char *name, const TensorView<T> &t, const std::string &why
 
 // Packed sequences' offsets against T token rows: each sequence's length, or the error
 // naming `name` (o_0 = 0, no decrease, o_B = T).
+// The lengths of the sequences; `tokens` < 0 takes any last offset.
 std::vector<int64_t> sequence_lengths(const OffsetTensor &offsets, int64_t tokens, const char *tokens_from) {
     const char *name = "sequence_offsets";
     if (offsets.data == nullptr) throw Error(name, "data is null (expected [B + 1] int32 offsets)");
@@ -364,7 +366,7 @@ std::vector<int64_t> sequence_lengths(const OffsetTensor &offsets, int64_t token
         }
         lengths.push_back(to - from);
     }
-    if (offsets.data[count - 1] != tokens) {
+    if (tokens >= 0 && offsets.data[count - 1] != tokens) {
         throw Error(name, "expected the last offset o_" + std::to_string(count - 1) + " = T = " +
                               std::to_string(tokens) + " (" + tokens_from + "), got " +
                               std::to_string(offsets.data[count - 1]));
@@ -373,6 +375,13 @@ std::vector<int64_t> sequence_lengths(const OffsetTensor &offsets, int64_t token
 }
 
 }  // namespace
+
+int64_t packed_probs_size(OffsetTensor sequence_offsets, int64_t heads) {
+    if (heads < 1) throw Error("heads", "expected at least 1, got " + std::to_string(heads));
+    int64_t total = 0;
+    for (int64_t length : sequence_lengths(sequence_offsets, -1, nullptr)) total += heads * length * length;
+    return total;
+}
 
 PackedBatch pack(ConstTensor x, MaskTensor key_padding_mask) {
     const char *layout = "[B, S, H]";
@@ -546,9 +555,8 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     if (tokens > 0) check_tensor("y", y, xs, "[T, H]");
     const bool want_probs = !probs.empty();
     if (want_probs) {
-        int64_t total = 0;
-        for (int64_t length : lengths) total += heads * length * length;
-        check_tensor("probs", probs, {total}, "[sum over sequences of heads * L_b^2]");
+        check_tensor("probs", probs, {packed_probs_size(in.sequence_offsets, heads)},
+                     "[sum over sequences of heads * L_b^2]");
         check_host("probs", probs, "each sequence's probabilities are gathered on the host");
     }
     const char *bias_layout = "[heads or 1, S_max, S_max]";
@@ -579,9 +587,7 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     // One bias for every sequence: (key, query, head, sequence), sequence stride 0.
     BiasArgument bias;
     if (in.bias.empty()) {
-        bias.buffer = broadcast_row<float>(s_max, 0.0f, {s_max, int32_t(heads), b}, gpu,
-                                           device_weights_ ? &device_weights_->zeros : nullptr);
-        bias.placed = true;
+        make_bias(bias, in.bias, b, heads, s_max, s_max, gpu, device_weights_ ? &device_weights_->zeros : nullptr);
     } else {
         const int32_t side = int32_t(in.bias.shape[1]);
         const halide_dimension_t dims[4] = {

@@ -123,6 +123,9 @@ struct PackedBatch {
                                                            {int64_t(sequence_offsets.size())}}, {}};
     }
 };
+// The elements of forward_packed's probabilities for these sequences: the sum over them
+// of heads·L_b² (the offsets are validated as forward_packed does, but for T).
+int64_t packed_probs_size(OffsetTensor sequence_offsets, int64_t heads);
 // Keeps the tokens of x [B, S, H] whose key_padding_mask [B, S] is 1, which must be right
 // padding (each row: ones, then zeros); an empty mask keeps every token.
 PackedBatch pack(ConstTensor x, MaskTensor key_padding_mask);
@@ -160,6 +163,11 @@ const std::vector<VariantInfo> &variants();
 // `name` empty selects it; otherwise the named one (GPU and autoscheduled variants are
 // chosen by name), which must exist and be runnable here.
 const VariantInfo &select_variant(const std::string &name = "");
+
+// Host memory: Halide's large intermediates (1 MiB and more) are kept after a call for
+// the next, up to 1 GiB, sparing the page faults of fresh memory on every call. Gives
+// what is kept back to the system; returns how many bytes.
+std::size_t release_scratch_memory();
 
 // Waits until the GPU work queued by the variant's calls has finished (a call given
 // device memory returns before that); nothing to wait for on a CPU variant.

@@ -79,4 +79,15 @@ std::size_t host_to_device_copies();
 // The Halide device interface of a GPU device; null for "cpu".
 const halide_device_interface_t *device_interface(const std::string &device);
 
+// The host scratch cache (runtime/src/host_scratch.cpp): Halide's large host
+// allocations, kept after a call for the next one. Installed by the first call, unless
+// the application installed its own Halide allocator first.
+void install_scratch_cache();
+struct ScratchStats {
+    std::size_t allocated = 0;   // large blocks taken from the C allocator
+    std::size_t reused = 0;      // large blocks served from the cache
+    std::size_t kept_bytes = 0;  // bytes kept now
+};
+ScratchStats scratch_stats();
+
 }  // namespace attn::detail
