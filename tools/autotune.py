@@ -19,7 +19,9 @@ whole space.
 
 Each candidate is compiled by the project's generator into a shared library
 (`-no_runtime`: it binds to the harness's Halide runtime), several at a time with a
-timeout each, then measured one at a time by the benchmark harness, attn_bench
+timeout each; when a class is tuned on packed problems (`*_varlen`) too, the library
+also holds the function's packed twin (attention_layer_packed), which attn_bench runs
+them through, so one winner is chosen for both, then measured one at a time by the benchmark harness, attn_bench
 --candidate=...: checked against the reference first (DESIGN.md's accuracy rule, on a
 short problem whatever the class; a wrong or refusing candidate is rejected), then timed
 with repetitions on each problem of the shape class (manifest.json: shape_classes). Each
@@ -81,6 +83,11 @@ SWEEPS = {
 }
 # A problem with a reference, run for every candidate to check it, whatever the class.
 CHECK_PROBLEM = "b1_s128_h384_n12"
+
+
+def is_packed(problem):
+    """Packed problems (problems/problem.cpp names them *_varlen) run through forward_packed."""
+    return problem.endswith("_varlen")
 
 
 def sources_hash():
@@ -163,6 +170,11 @@ class Tuner:
             sys.exit(f"{args.isa} is not a CPU ISA of manifest.json")
         self.function = args.function
         self.generator = MANIFEST.function(args.function)["generator"]
+        # A candidate holds the tuned function and, when a class is tuned on packed
+        # problems too, its packed twin (attn_bench runs those through forward_packed).
+        tuned_on = args.problems or [p for c in args.shape_classes for p in MANIFEST.shape_classes[c]["tuning_problems"]]
+        twin = MANIFEST.packed_twin(self.function)
+        self.functions = [self.function] + ([twin] if twin and any(map(is_packed, tuned_on)) else [])
         self.target = MANIFEST.target(args.isa)
         cache_root = pathlib.Path(args.cache or ROOT / "build" / "autotune")
         self.cache = cache_root / sources_hash() / args.isa / args.function
@@ -178,26 +190,39 @@ class Tuner:
         folder = self.cache / key
         record_path = folder / "compiled.json"
         if record_path.exists():
-            return json.loads(record_path.read_text())
+            record = json.loads(record_path.read_text())
+            if record.get("functions", [self.function]) == self.functions:
+                return record
+            for stale in folder.glob("measured_*.json"):  # of a candidate holding other functions
+                stale.unlink()
         folder.mkdir(parents=True, exist_ok=True)
-        symbol = f"attn_{self.function}_{key}"
-        cmd = [str(self.generator_exe), "-g", self.generator, "-f", symbol, "-o", str(folder), "-e",
-               "object,c_header" + (",schedule" if source != "manual" else ""),
-               f"target={self.target}-no_runtime", *generator_args(source, params, self.plugins),
-               f"function={self.function}", *MANIFEST.generator_params(self.function)]
         start = time.time()
-        record = {"source": source, "params": params, "key": key}
-        try:
-            result = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.compile_timeout)
-            if result.returncode == 0:
-                link = subprocess.run(["c++", "-shared", "-o", str(folder / "candidate.so"),
-                                       str(folder / f"{symbol}.o")], capture_output=True, text=True)
-                ok = link.returncode == 0
-                record.update(status="compiled" if ok else "link_failed", message=link.stderr[-500:])
-            else:
-                record.update(status="compile_failed", message=result.stderr.strip()[-500:])
-        except subprocess.TimeoutExpired:
-            record.update(status="compile_timeout", message=f"over {self.args.compile_timeout} s")
+        record = {"source": source, "params": params, "key": key, "functions": self.functions}
+        missing = [f for f in self.functions if not MANIFEST.provides(source, self.args.isa, f)]
+        if missing:
+            record.update(status="compile_failed", message=f"{source} does not provide {', '.join(missing)} "
+                                                           "(manifest.json: not_provided)")
+        objects = []
+        for function in self.functions if not missing else []:
+            symbol = f"attn_{function}_{key}"
+            cmd = [str(self.generator_exe), "-g", self.generator, "-f", symbol, "-o", str(folder), "-e",
+                   "object,c_header" + (",schedule" if source != "manual" else ""),
+                   f"target={self.target}-no_runtime", *generator_args(source, params, self.plugins),
+                   f"function={function}", *MANIFEST.generator_params(function)]
+            try:
+                result = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.compile_timeout)
+            except subprocess.TimeoutExpired:
+                record.update(status="compile_timeout", message=f"{function}: over {self.args.compile_timeout} s")
+                break
+            if result.returncode != 0:
+                record.update(status="compile_failed", message=f"{function}: " + result.stderr.strip()[-500:])
+                break
+            objects.append(str(folder / f"{symbol}.o"))
+        if len(objects) == len(self.functions):
+            link = subprocess.run(["c++", "-shared", "-o", str(folder / "candidate.so"), *objects],
+                                  capture_output=True, text=True)
+            ok = link.returncode == 0
+            record.update(status="compiled" if ok else "link_failed", message=link.stderr[-500:])
         record["compile_seconds"] = round(time.time() - start, 1)
         record_path.write_text(json.dumps(record, indent=1))
         return record

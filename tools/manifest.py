@@ -54,6 +54,15 @@ class Manifest:
     def functions_of_generator(self, generator):
         return [name for name, f in self.functions.items() if f["generator"] == generator]
 
+    def packed_twin(self, function):
+        """The function of the same generator and params computing packed sequences, or None."""
+        f = self.functions[function]
+        if f["params"].get("packed") == "true":
+            return None
+        want = {**f["params"], "packed": "true"}
+        return next((name for name, g in self.functions.items()
+                     if g["generator"] == f["generator"] and g["params"] == want), None)
+
     def stage_functions(self):
         """The functions of the five stages (every generator but the fused layer's)."""
         return [name for name, f in self.functions.items() if f["generator"] != LAYER_GENERATOR]
