@@ -341,9 +341,8 @@ void check_host(const char *name, const TensorView<T> &t, const std::string &why
     if (!t.empty() && t.memory != Memory::host) throw Error(name, "expected host memory (" + why + "), got device memory");
 }
 
-// Packed sequences' offsets against T token rows: each sequence's length, or the error
-// naming `name` (o_0 = 0, no decrease, o_B = T).
-// The lengths of the sequences; `tokens` < 0 takes any last offset.
+// Packed sequences' offsets against T = `tokens` token rows (any T where `tokens` < 0):
+// each sequence's length, or the error naming sequence_offsets (o_0 = 0, no decrease, o_B = T).
 std::vector<int64_t> sequence_lengths(const OffsetTensor &offsets, int64_t tokens, const char *tokens_from) {
     const char *name = "sequence_offsets";
     if (offsets.data == nullptr) throw Error(name, "data is null (expected [B + 1] int32 offsets)");
