@@ -260,9 +260,21 @@ bool first_run(Prepared &prepared) {
     }
 }
 
+// The fused layer's function.
+const char *const kLayerFunction = "attention_layer";
+
+// Why a variant's own kernels do not run `function` on the problem, or empty. Below its
+// min_shapes it runs its fallback's kernels: timing those under its name would mislead.
+std::string below_min_shapes(const VariantInfo &variant, const std::string &function, const Problem &p) {
+    if (variant.runs_own_kernels(function, p.extents())) return "";
+    return "below " + variant.name + "'s min_shapes for " + function + " (manifest.json), where it runs " +
+           variant.fallback + "'s kernels";
+}
+
 Prepared fused_layer(const VariantInfo &variant, const ListedProblem &lp) {
     Prepared prepared;
     if (!variant.runnable) return {{}, "cannot run here: " + variant.not_runnable_reason};
+    if (std::string below = below_min_shapes(variant, kLayerFunction, lp.problem); !below.empty()) return {{}, below};
     const Fixture &f = fixture(lp);
     const Problem &p = lp.problem;
     struct State {
@@ -338,6 +350,7 @@ Prepared packed_layer(const VariantInfo &variant, const ListedProblem &lp, bool 
 Prepared stage(const std::string &name, const VariantInfo &variant, const ListedProblem &lp) {
     Prepared prepared;
     if (!variant.runnable) return {{}, "cannot run here: " + variant.not_runnable_reason};
+    if (std::string below = below_min_shapes(variant, name, lp.problem); !below.empty()) return {{}, below};
     Fixture &f = fixture(lp);
     const Problem &p = lp.problem;
     const Shape bsh{p.batch, p.s_q, p.hidden}, sc{p.batch, p.heads, p.s_q, p.s_k};
@@ -426,9 +439,8 @@ struct Case {
     std::function<Prepared()> prepare;
 };
 
-// The fused layer's function, timed on every problem; the stages' (the manifest's
-// functions of the other generators) are timed at short contexts, the projections at every one.
-const char *const kLayerFunction = "attention_layer";
+// The stages' functions (the manifest's functions of the other generators) are timed at
+// short contexts, the projections at every one; the fused layer's (kLayerFunction) on every problem.
 std::vector<std::string> stage_functions() {
     std::vector<std::string> names;
     for (const manifest::Function &f : manifest::kFunctions) {

@@ -37,6 +37,16 @@ std::vector<std::string> read_tokens(const std::string &path) {
 
 }  // namespace
 
+// A variant's min_shapes by function: the extents below which its fallback's kernels run.
+nlohmann::json min_shapes_json(const VariantInfo &v) {
+    nlohmann::json shapes = nlohmann::json::object();
+    for (const auto &[function, m] : v.min_shapes) {
+        shapes[function] = {{"batch", m.batch},  {"seq_q", m.seq_q},       {"seq_k", m.seq_k},
+                            {"heads", m.heads}, {"head_dim", m.head_dim}, {"hidden", m.hidden}};
+    }
+    return shapes;
+}
+
 int list_variants(const VariantsOptions &options) {
     if (options.json) {
         nlohmann::json list = nlohmann::json::array();
@@ -48,7 +58,8 @@ int list_variants(const VariantsOptions &options) {
                             {"device", v.device},
                             {"functions", v.functions},
                             {"bitwise_reproducible", v.bitwise_reproducible},
-                            {"runs_every_shape", v.runs_every_shape()},
+                            {"min_shapes", min_shapes_json(v)},
+                            {"fallback", v.fallback},
                             {"runnable", v.runnable},
                             {"not_runnable_reason", v.not_runnable_reason}});
         }

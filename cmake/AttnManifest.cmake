@@ -14,6 +14,7 @@
 #   ATTN_SOURCES                            schedule source names
 #   ATTN_SOURCE_<s>_KIND, _PLUGIN           kind, CMake target of an in-process plugin
 #   ATTN_SOURCE_<s>_NOT_PROVIDED_<i|all>    functions it cannot provide on an ISA (or any)
+#   ATTN_MIN_SHAPE_ROWS                     "source ISA function extents..." (min_shapes, per built ISA)
 #   ATTN_SHAPE_CLASSES                      shape class names; ATTN_SHAPE_CLASS_<c>_MAX_SEQ (0: none)
 #   ATTN_RUNTIME_TARGET                     the Halide runtime every linked variant shares
 set(ATTN_MANIFEST_FILE "${PROJECT_SOURCE_DIR}/manifest.json")
@@ -81,6 +82,9 @@ foreach (i RANGE ${last})
     _attn_json_items(ATTN_FUNCTION_${f}_MANUAL_PARAMETERS "${ATTN_MANIFEST}" functions ${i} manual_parameters)
 endforeach ()
 
+# The dimensions a schedule source's min_shapes may bound, in attn::ProblemExtents' order.
+set(ATTN_MIN_SHAPE_DIMENSIONS batch seq_q seq_k heads head_dim hidden)
+
 set(ATTN_SOURCES "")
 string(JSON count LENGTH "${ATTN_MANIFEST}" schedule_sources)
 math(EXPR last "${count} - 1")
@@ -98,10 +102,36 @@ foreach (i RANGE ${last})
     _attn_json_items(ATTN_SOURCE_${s}_GPU_PARAMS "${ATTN_MANIFEST}" schedule_sources ${i} autoscheduler_params gpu)
     _attn_json_items(ATTN_SOURCE_${s}_NOT_REPRODUCIBLE_ON "${ATTN_MANIFEST}"
                        schedule_sources ${i} not_bitwise_reproducible_on)
-    _attn_json_items(ATTN_SOURCE_${s}_SHAPE_LIMITED_ON "${ATTN_MANIFEST}" schedule_sources ${i} shape_limited_on)
-    _attn_json_optional(ATTN_SOURCE_${s}_SHAPE_LIMIT "${ATTN_MANIFEST}" "" schedule_sources ${i} shape_limited_because)
-    if (ATTN_SOURCE_${s}_SHAPE_LIMITED_ON AND ATTN_SOURCE_${s}_SHAPE_LIMIT STREQUAL "")
-        _attn_manifest_error("schedule source ${s} has shape_limited_on but no shape_limited_because")
+    # min_shapes: {ISA: {function: {dimension: smallest extent}}}, kept as rows
+    # "ISA function batch seq_q seq_k heads head_dim hidden" (absent dimensions: 1).
+    set(ATTN_SOURCE_${s}_MIN_SHAPES "")
+    _attn_json_items(min_isas "${ATTN_MANIFEST}" schedule_sources ${i} min_shapes)
+    foreach (entry IN LISTS min_isas)
+        string(REGEX REPLACE "=.*" "" where "${entry}")
+        _attn_json_items(min_functions "${ATTN_MANIFEST}" schedule_sources ${i} min_shapes ${where})
+        foreach (function_entry IN LISTS min_functions)
+            string(REGEX REPLACE "=.*" "" f "${function_entry}")
+            if (NOT f IN_LIST ATTN_FUNCTIONS)
+                _attn_manifest_error("schedule source ${s}: min_shapes names '${f}', which is not a function")
+            endif ()
+            _attn_json_items(extents "${ATTN_MANIFEST}" schedule_sources ${i} min_shapes ${where} ${f})
+            set(row "${where} ${f}")
+            foreach (dimension IN LISTS ATTN_MIN_SHAPE_DIMENSIONS)
+                _attn_json_optional(extent "${ATTN_MANIFEST}" 1 schedule_sources ${i} min_shapes ${where} ${f} ${dimension})
+                string(APPEND row " ${extent}")
+            endforeach ()
+            foreach (given IN LISTS extents)
+                string(REGEX REPLACE "=.*" "" dimension "${given}")
+                if (NOT dimension IN_LIST ATTN_MIN_SHAPE_DIMENSIONS)
+                    _attn_manifest_error("schedule source ${s}: min_shapes of ${f} on ${where} names '${dimension}', not one of ${ATTN_MIN_SHAPE_DIMENSIONS}")
+                endif ()
+            endforeach ()
+            list(APPEND ATTN_SOURCE_${s}_MIN_SHAPES "${row}")
+        endforeach ()
+    endforeach ()
+    _attn_json_optional(ATTN_SOURCE_${s}_MIN_SHAPES_BECAUSE "${ATTN_MANIFEST}" "" schedule_sources ${i} min_shapes_because)
+    if (ATTN_SOURCE_${s}_MIN_SHAPES AND ATTN_SOURCE_${s}_MIN_SHAPES_BECAUSE STREQUAL "")
+        _attn_manifest_error("schedule source ${s} has min_shapes but no min_shapes_because")
     endif ()
     set(ATTN_SOURCE_${s}_NOT_PROVIDED_KEYS "")
     string(JSON keys ERROR_VARIABLE none LENGTH "${ATTN_MANIFEST}" schedule_sources ${i} not_provided)
@@ -145,6 +175,36 @@ foreach (s IN LISTS ATTN_SOURCES)
         if (NOT where STREQUAL "all" AND NOT where IN_LIST ATTN_ISAS)
             _attn_manifest_error("schedule source ${s}: not_provided names ISA '${where}', which is not an ISA")
         endif ()
+    endforeach ()
+endforeach ()
+
+# A min_shapes row applies to its ISA and to every ISA with frozen_schedules_of it; each
+# such ISA needs a hand-written variant, which runs the shapes below the minimum.
+set(ATTN_MIN_SHAPE_ROWS "")  # "source ISA function extents..."
+foreach (s IN LISTS ATTN_SOURCES)
+    foreach (row IN LISTS ATTN_SOURCE_${s}_MIN_SHAPES)
+        string(REPLACE " " ";" fields "${row}")
+        list(GET fields 0 where)
+        list(REMOVE_AT fields 0)
+        list(JOIN fields " " rest)
+        if (NOT where IN_LIST ATTN_ISAS)
+            _attn_manifest_error("schedule source ${s}: min_shapes names ISA '${where}', which is not an ISA")
+        endif ()
+        foreach (isa IN LISTS ATTN_ISAS)
+            if (NOT ATTN_ISA_${isa}_FROZEN_OF STREQUAL where OR NOT s IN_LIST ATTN_ISA_${isa}_VARIANTS)
+                continue ()
+            endif ()
+            set(hand_written "")
+            foreach (other IN LISTS ATTN_ISA_${isa}_VARIANTS)
+                if (ATTN_SOURCE_${other}_KIND STREQUAL "hand-written")
+                    set(hand_written ${other})
+                endif ()
+            endforeach ()
+            if (hand_written STREQUAL "")
+                _attn_manifest_error("ISA ${isa}: schedule source ${s} has min_shapes there, so the ISA needs a hand-written variant to run the shapes below them")
+            endif ()
+            list(APPEND ATTN_MIN_SHAPE_ROWS "${s} ${isa} ${rest}")
+        endforeach ()
     endforeach ()
 endforeach ()
 
@@ -207,16 +267,23 @@ foreach (s IN LISTS ATTN_SOURCES)
     list(JOIN ATTN_SOURCE_${s}_CPU_PARAMS " " cpu_params)
     list(JOIN ATTN_SOURCE_${s}_GPU_PARAMS " " gpu_params)
     list(JOIN ATTN_SOURCE_${s}_NOT_REPRODUCIBLE_ON " " not_reproducible)
-    list(JOIN ATTN_SOURCE_${s}_SHAPE_LIMITED_ON " " shape_limited_on)
-    string(REPLACE "\"" "\\\"" shape_limit "${ATTN_SOURCE_${s}_SHAPE_LIMIT}")
+    _attn_c_string(min_shapes_because "${ATTN_SOURCE_${s}_MIN_SHAPES_BECAUSE}")
     string(APPEND source_rows "    {\"${s}\", \"${ATTN_SOURCE_${s}_KIND}\", ${ATTN_SOURCE_${s}_PRIORITY}, "
                               "\"${ATTN_SOURCE_${s}_AUTOSCHEDULER}\", \"${cpu_params}\", \"${gpu_params}\", "
-                              "\"${not_reproducible}\", \"${shape_limited_on}\", \"${shape_limit}\"},\n")
+                              "\"${not_reproducible}\", ${min_shapes_because}},\n")
     foreach (where IN LISTS ATTN_SOURCE_${s}_NOT_PROVIDED_KEYS)
         foreach (f IN LISTS ATTN_SOURCE_${s}_NOT_PROVIDED_${where})
             string(APPEND not_provided_rows "    {\"${s}\", \"${where}\", \"${f}\"},\n")
         endforeach ()
     endforeach ()
+endforeach ()
+
+set(min_shape_rows "")
+foreach (row IN LISTS ATTN_MIN_SHAPE_ROWS)
+    string(REPLACE " " ";" fields "${row}")
+    list(POP_FRONT fields s isa f)
+    list(JOIN fields ", " extents)
+    string(APPEND min_shape_rows "    {\"${s}\", \"${isa}\", \"${f}\", {${extents}}},\n")
 endforeach ()
 
 set(class_rows "")
@@ -264,10 +331,20 @@ struct ScheduleSource {
     const char *name, *kind;
     int dispatch_priority;  // 0: chosen by name only
     const char *autoscheduler, *cpu_params, *gpu_params, *not_bitwise_reproducible_on;
-    const char *shape_limited_on, *shape_limited_because;  // ISAs or devices whose tiles limit the shapes
+    const char *min_shapes_because;  // why its kernels need the extents of kMinShapes
 };
 inline constexpr ScheduleSource kScheduleSources[] = {
 @source_rows@};
+
+// The smallest extents a source's own kernels of a function run on an ISA (min_shapes;
+// an ISA with frozen_schedules_of inherits them); below them, a call runs the ISA's
+// hand-written variant. Every other (source, ISA, function) runs every shape.
+struct MinShape {
+    const char *source, *isa, *function;
+    long long extents[6];  // batch, seq_q, seq_k, heads, head_dim, hidden
+};
+inline constexpr MinShape kMinShapes[] = {
+@min_shape_rows@    {nullptr, nullptr, nullptr, {}}};
 
 struct NotProvided {
     const char *source, *isa, *function;  // isa \"all\": on every ISA

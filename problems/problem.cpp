@@ -43,6 +43,8 @@ Config Problem::config() const {
     return c;
 }
 
+ProblemExtents Problem::extents() const { return {batch, s_q, s_k, heads, hidden / heads, hidden}; }
+
 namespace {
 void fill(std::vector<float> &v, std::size_t n, std::mt19937 &rng, float lo, float hi) {
     std::uniform_real_distribution<float> dist(lo, hi);

@@ -32,6 +32,7 @@ struct Problem {
 
     std::string name() const;
     Config config() const;
+    ProblemExtents extents() const;  // of a dense call (a packed one's depend on its lengths)
 };
 
 // Seeded inputs for a problem, with views for the API.

@@ -35,8 +35,8 @@ std::string frozen_isa(const Halide::Target &target);
 // Nothing else changes: splits, order, placement, vectorization and parallelism.
 // On a GPU, RoundUp tails stay, and a stage inside whose tiles another Func is computed
 // keeps all its tails: Halide 21 then mis-sizes that Func's storage (valgrind under
-// PoCL: writes past it) or computes wrong values, so those schedules stay
-// shape-limited (manifest.json: shape_limited_on).
+// PoCL: writes past it) or computes wrong values, so those schedules keep minimum
+// extents (manifest.json: min_shapes; below them the runtime runs the hand-written kernels).
 void guard_every_split(Halide::Pipeline pipeline);
 
 // Applies the frozen schedule of `source` for the manifest function `function` on `target`,

@@ -118,6 +118,8 @@ TEST_P(LayerTest, WithProbabilitiesMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(AllVariants, LayerTest,
                          ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(layer_problems())),
                          variant_problem_name);
+// Each variant's declared min_shapes of the layer, at the smallest shape its own kernels run.
+INSTANTIATE_TEST_SUITE_P(AtMinShapes, LayerTest, ::testing::ValuesIn(min_shape_cases(true)), variant_problem_name);
 
 using ListedProblemTest = LayerTest;
 

@@ -6,6 +6,8 @@
 #include "attn/internal.h"
 #include "support/variant_param.h"
 
+#include <algorithm>
+#include <iostream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -66,6 +68,43 @@ TEST(Manifest, EachVariantHasTheFunctionsItsSourceProvides) {
     }
 }
 
+// min_shapes: the fallback is the same device's hand-written variant, providing every
+// function the variant provides; a call takes the variant's own kernels exactly when no
+// extent is below the minimum.
+TEST(Manifest, AVariantWithMinShapesFallsBackToTheHandWrittenVariantBelowThem) {
+    int bounded = 0;
+    for (const VariantInfo &v : variants()) {
+        if (v.min_shapes.empty()) {
+            EXPECT_TRUE(v.fallback.empty()) << v.name;
+            continue;
+        }
+        EXPECT_FALSE(v.min_shapes_because.empty()) << v.name;
+        ASSERT_EQ(v.fallback, "manual_" + v.isa) << v.name;
+        const auto fallback = std::find_if(variants().begin(), variants().end(),
+                                           [&](const VariantInfo &f) { return f.name == v.fallback; });
+        ASSERT_NE(fallback, variants().end()) << v.name << ": its fallback is not compiled";
+        EXPECT_EQ(fallback->device, v.device);
+        for (const auto &[function, m] : v.min_shapes) {
+            ++bounded;
+            EXPECT_TRUE(provides(*fallback, function)) << v.fallback << " " << function;
+            EXPECT_TRUE(v.runs_own_kernels(function, m)) << v.name << " " << function;
+            int64_t ProblemExtents::*const dimensions[] = {&ProblemExtents::batch,   &ProblemExtents::seq_q,
+                                                           &ProblemExtents::seq_k,   &ProblemExtents::heads,
+                                                           &ProblemExtents::head_dim, &ProblemExtents::hidden};
+            for (int64_t ProblemExtents::*d : dimensions) {
+                ProblemExtents above = m, below = m;
+                above.*d += 1000;
+                EXPECT_TRUE(v.runs_own_kernels(function, above)) << v.name << " " << function;
+                if (m.*d == 1) continue;
+                below.*d -= 1;
+                EXPECT_FALSE(v.runs_own_kernels(function, below)) << v.name << " " << function;
+            }
+        }
+        EXPECT_TRUE(v.runs_own_kernels("no_such_function", {})) << "an unbounded function runs every shape";
+    }
+    std::cout << bounded << " (variant, function) pairs have min_shapes\n";
+}
+
 TEST(Manifest, EveryCompiledFunctionTakesTheManifestsArgumentsByName) {
     std::map<std::string, std::vector<std::string>> arguments;
     for (const manifest::Function &f : manifest::kFunctions) arguments[f.name] = words(f.arguments);
@@ -111,7 +150,7 @@ TEST(Manifest, DispatchPicksTheWidestIsaThenThePreferredSource) {
 
 TEST(Manifest, AnArgumentTheRuntimeDoesNotPassIsRefusedByName) {
     const VariantInfo &v = select_variant();
-    const detail::CompiledFunction &scores = detail::function_for(v, "attention_scores", 1);
+    const detail::CompiledFunction &scores = detail::function_for(v, "attention_scores", {});
     detail::Arguments partial;  // no q, k, bias, heads or scores
     try {
         detail::call(scores, partial, "attention_scores");

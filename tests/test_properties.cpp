@@ -14,7 +14,7 @@ namespace {
 
 class PropertyTest : public ::testing::TestWithParam<VariantInfo> {};
 
-// The layer's output, or nothing when a shape-limited variant refuses the shape
+// The layer's output, or nothing when the variant does not provide the function
 // (see ran_or_refused in support/variant_param.h).
 std::optional<std::vector<float>> run_layer(const VariantInfo &variant, const LayerData &data,
                                             std::vector<float> *probs = nullptr) {

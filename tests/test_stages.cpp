@@ -126,6 +126,9 @@ TEST_P(StageTest, OutputLayerNorm) {
 INSTANTIATE_TEST_SUITE_P(AllVariants, StageTest,
                          ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(stage_problems())),
                          variant_problem_name);
+// Each variant's declared min_shapes of a stage, at the smallest shape its own kernels run
+// (every stage runs on it; the others may take the fallback there).
+INSTANTIATE_TEST_SUITE_P(AtMinShapes, StageTest, ::testing::ValuesIn(min_shape_cases(false)), variant_problem_name);
 
 // The softmax on hard scores: all very negative, huge magnitudes, ties at the max.
 enum class Fill { all_negative, huge_magnitude, ties_at_max };

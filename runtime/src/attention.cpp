@@ -281,25 +281,26 @@ private:
     std::vector<std::pair<const char *, halide_buffer_t *>> host_outputs_;
 };
 
-// Runs the variant's `function` for sequences of max(S_q, S_k) = `seq`: `bind` names its
+// Runs the variant's `function` on a call of these extents (its fallback's below its
+// min_shapes: the same device, so the buffers are placed alike): `bind` names its
 // arguments (placing buffers with the CallBuffers); a failure becomes attn::Error.
 template <typename Bind>
-void run_pipeline(const std::string &function, const VariantInfo &variant, int64_t seq, Bind bind) {
-    const detail::CompiledFunction &compiled = detail::function_for(variant, function, seq);
+void run_pipeline(const std::string &function, const VariantInfo &variant, const ProblemExtents &call, Bind bind) {
+    const detail::CompiledFunction &compiled = detail::function_for(variant, function, call);
     prepare_halide(variant);
     CallBuffers buffers(variant);
     detail::Arguments arguments;
     bind(buffers, arguments);
-    const std::string what = function + " (" + variant.name + ")";
-    const int status = detail::call(compiled, arguments, what);
-    if (status == halide_error_code_access_out_of_bounds && !variant.runs_every_shape()) {
-        throw Error("variant", variant.name + " cannot run this shape: " + variant.shape_limit +
-                                   " (manifest.json). The hand-written, autotuned and CPU variants run every shape, "
-                                   "and select_variant() picks one of them. Halide: " +
-                                   last_halide_error);
-    }
-    check_halide(status, "halide", what);
+    const std::string what = function + " (" + variant.name +
+                             (variant.runs_own_kernels(function, call) ? "" : ", " + variant.fallback + "'s kernels") +
+                             ")";
+    check_halide(detail::call(compiled, arguments, what), "halide", what);
     buffers.copy_outputs_to_host();
+}
+
+// The extents of a call with `heads` heads over `hidden` features.
+ProblemExtents extents(int64_t batch, int64_t s_q, int64_t s_k, int64_t heads, int64_t hidden) {
+    return {batch, s_q, s_k, heads, heads > 0 ? hidden / heads : 0, hidden};
 }
 
 // A mask or bias argument: an absent one's constants are already placed (broadcast_row).
@@ -373,13 +374,18 @@ std::vector<int64_t> sequence_lengths(const OffsetTensor &offsets, int64_t token
     return lengths;
 }
 
+// The sum of heads·L² over validated lengths.
+int64_t probs_elements(const std::vector<int64_t> &lengths, int64_t heads) {
+    int64_t total = 0;
+    for (int64_t length : lengths) total += heads * length * length;
+    return total;
+}
+
 }  // namespace
 
 int64_t packed_probs_size(OffsetTensor sequence_offsets, int64_t heads) {
     if (heads < 1) throw Error("heads", "expected at least 1, got " + std::to_string(heads));
-    int64_t total = 0;
-    for (int64_t length : sequence_lengths(sequence_offsets, -1, nullptr)) total += heads * length * length;
-    return total;
+    return probs_elements(sequence_lengths(sequence_offsets, -1, nullptr), heads);
 }
 
 PackedBatch pack(ConstTensor x, MaskTensor key_padding_mask) {
@@ -526,7 +532,7 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     // Self-attention passes x as kv: the layer's one function takes both.
     auto kv = cross ? halide_view(in.kv) : x;
     const std::string function = want_probs ? "attention_layer_probs" : "attention_layer";
-    run_pipeline(function, *variant_, std::max(s_q, s_k), [&](CallBuffers &c, detail::Arguments &a) {
+    run_pipeline(function, *variant_, extents(batch, s_q, s_k, heads, hidden), [&](CallBuffers &c, detail::Arguments &a) {
         bind_weights(c, a, w, weights_, device_weights_ != nullptr);
         a.buffer("key_padding_mask", placed_or_input(c, "key_padding_mask", mask));
         a.buffer("bias", placed_or_input(c, "bias", bias));
@@ -554,7 +560,7 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     if (tokens > 0) check_tensor("y", y, xs, "[T, H]");
     const bool want_probs = !probs.empty();
     if (want_probs) {
-        check_tensor("probs", probs, {packed_probs_size(in.sequence_offsets, heads)},
+        check_tensor("probs", probs, {probs_elements(lengths, heads)},
                      "[sum over sequences of heads * L_b^2]");
         check_host("probs", probs, "each sequence's probabilities are gathered on the host");
     }
@@ -601,7 +607,7 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     WeightViews &w =
         device_weights_ ? device_weights_->views : *(host_weights = std::make_unique<WeightViews>(weights_));
     const std::string function = want_probs ? "attention_layer_packed_probs" : "attention_layer_packed";
-    run_pipeline(function, *variant_, longest, [&](CallBuffers &c, detail::Arguments &a) {
+    run_pipeline(function, *variant_, extents(batch, longest, longest, heads, hidden), [&](CallBuffers &c, detail::Arguments &a) {
         bind_weights(c, a, w, weights_, device_weights_ != nullptr);
         a.buffer("x", c.input("x", x, in.x.memory));
         a.buffer("sequence_offsets", c.input("sequence_offsets", offsets, Memory::host));
@@ -670,7 +676,7 @@ void qkv_projection(const VariantInfo &variant, const Config &config, ConstTenso
     auto w_q = halide_view(weights.w_q), w_k = halide_view(weights.w_k), w_v = halide_view(weights.w_v);
     auto b_q = halide_view(weights.b_q), b_k = halide_view(weights.b_k), b_v = halide_view(weights.b_v);
     auto q_buf = halide_view(q), k_buf = halide_view(k), v_buf = halide_view(v);
-    run_pipeline("qkv_projection", variant, std::max(xq[1], s_k), [&](CallBuffers &c, detail::Arguments &a) {
+    run_pipeline("qkv_projection", variant, extents(xq[0], xq[1], s_k, config.num_heads, hidden), [&](CallBuffers &c, detail::Arguments &a) {
         a.buffer("x_q", c.input("x_q", xq_buf, x_q.memory)).buffer("x_kv", c.input("x_kv", xkv_buf, x_kv.memory));
         a.buffer("w_q", c.input("w_q", w_q, weights.w_q.memory)).buffer("w_k", c.input("w_k", w_k, weights.w_k.memory));
         a.buffer("w_v", c.input("w_v", w_v, weights.w_v.memory)).buffer("b_q", c.input("b_q", b_q, weights.b_q.memory));
@@ -695,7 +701,7 @@ void attention_scores(const VariantInfo &variant, const Config &config, ConstTen
     make_bias(b, bias, qs[0], heads, qs[1], s_k, detail::device_interface(variant.device));
     auto q_buf = halide_view(q), k_buf = halide_view(k);
     auto s_buf = halide_view(scores);
-    run_pipeline("attention_scores", variant, std::max(qs[1], s_k), [&](CallBuffers &c, detail::Arguments &a) {
+    run_pipeline("attention_scores", variant, extents(qs[0], qs[1], s_k, heads, hidden), [&](CallBuffers &c, detail::Arguments &a) {
         a.buffer("q", c.input("q", q_buf, q.memory)).buffer("k", c.input("k", k_buf, k.memory));
         a.buffer("bias", placed_or_input(c, "bias", b)).scalar("heads", int32_t(heads));
         a.buffer("scores", c.output("scores", s_buf, scores.memory));
@@ -715,7 +721,7 @@ void masked_softmax(const VariantInfo &variant, const Config &config, ConstTenso
     make_mask(mask, key_padding_mask, s[0], s[3], detail::device_interface(variant.device));
     auto s_buf = halide_view(scores);
     auto p_buf = halide_view(probs);
-    run_pipeline("masked_softmax", variant, std::max(s[2], s[3]), [&](CallBuffers &c, detail::Arguments &a) {
+    run_pipeline("masked_softmax", variant, extents(s[0], s[2], s[3], s[1], config.hidden_size), [&](CallBuffers &c, detail::Arguments &a) {
         a.buffer("scores", c.input("scores", s_buf, scores.memory));
         a.buffer("key_padding_mask", placed_or_input(c, "key_padding_mask", mask)).scalar("causal", config.causal);
         a.buffer("probs", c.output("probs", p_buf, probs.memory));
@@ -734,7 +740,7 @@ void weighted_sum(const VariantInfo &variant, const Config &config, ConstTensor 
     check_tensor("ctx", ctx, {p[0], p[2], hidden}, "[B, S_q, H]");
     auto p_buf = halide_view(probs), v_buf = halide_view(v);
     auto ctx_buf = head_view(ctx, heads);
-    run_pipeline("weighted_sum", variant, std::max(p[2], p[3]), [&](CallBuffers &c, detail::Arguments &a) {
+    run_pipeline("weighted_sum", variant, extents(p[0], p[2], p[3], heads, hidden), [&](CallBuffers &c, detail::Arguments &a) {
         a.buffer("probs", c.input("probs", p_buf, probs.memory)).buffer("v", c.input("v", v_buf, v.memory));
         a.buffer("ctx", c.output("ctx", ctx_buf, ctx.memory));
     });
@@ -755,7 +761,7 @@ void output_layernorm(const VariantInfo &variant, const Config &config, ConstTen
     auto y_buf = halide_view(y);
     auto w_o = halide_view(weights.w_o), b_o = halide_view(weights.b_o);
     auto gamma = halide_view(weights.gamma), beta = halide_view(weights.beta);
-    run_pipeline("output_layernorm", variant, xs[1], [&](CallBuffers &c, detail::Arguments &a) {
+    run_pipeline("output_layernorm", variant, extents(xs[0], xs[1], xs[1], config.num_heads, hidden), [&](CallBuffers &c, detail::Arguments &a) {
         a.buffer("ctx", c.input("ctx", ctx_buf, ctx.memory)).buffer("x", c.input("x", x_buf, x.memory));
         a.buffer("w_o", c.input("w_o", w_o, weights.w_o.memory)).buffer("b_o", c.input("b_o", b_o, weights.b_o.memory));
         a.buffer("gamma", c.input("gamma", gamma, weights.gamma.memory));

@@ -30,6 +30,13 @@ bool listed(const char *space_separated, const std::string &word) {
     return false;
 }
 
+const manifest::Isa &isa_of(const std::string &name) {
+    for (const manifest::Isa &i : manifest::kIsas) {
+        if (name == i.name) return i;
+    }
+    throw Error("variant", "no ISA '" + name + "' in manifest.json");
+}
+
 Entry make_entry(const std::string &schedule, const std::string &isa, detail::FunctionTable functions) {
     Entry e{{}, std::move(functions)};
     e.info.schedule = schedule;
@@ -46,7 +53,19 @@ Entry make_entry(const std::string &schedule, const std::string &isa, detail::Fu
         if (schedule != s.name) continue;
         e.dispatch_priority = s.dispatch_priority;
         e.info.bitwise_reproducible = !listed(s.not_bitwise_reproducible_on, isa);
-        if (listed(s.shape_limited_on, isa)) e.info.shape_limit = s.shape_limited_because;
+        e.info.min_shapes_because = s.min_shapes_because;
+    }
+    for (const manifest::MinShape &m : manifest::kMinShapes) {
+        if (!m.source || schedule != m.source || isa != m.isa) continue;
+        const long long *x = m.extents;
+        e.info.min_shapes[m.function] = {x[0], x[1], x[2], x[3], x[4], x[5]};
+    }
+    if (!e.info.min_shapes.empty()) {
+        for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
+            if (std::string(s.kind) == "hand-written" && listed(isa_of(isa).variants, s.name)) {
+                e.info.fallback = std::string(s.name) + "_" + isa;
+            }
+        }
     }
     for (const manifest::Function &f : manifest::kFunctions) {
         if (e.functions.count(f.name)) e.info.functions.push_back(f.name);
@@ -107,6 +126,14 @@ const std::vector<VariantInfo> &variants() {
 
 // The runnable variant of the highest ISA dispatch rank, then of the highest schedule
 // source priority (manifest.json); a rank or priority of 0 is chosen by name only.
+bool VariantInfo::runs_own_kernels(const std::string &function, const ProblemExtents &call) const {
+    const auto found = min_shapes.find(function);
+    if (found == min_shapes.end()) return true;
+    const ProblemExtents &m = found->second;
+    return call.batch >= m.batch && call.seq_q >= m.seq_q && call.seq_k >= m.seq_k && call.heads >= m.heads &&
+           call.head_dim >= m.head_dim && call.hidden >= m.hidden;
+}
+
 const VariantInfo &select_variant(const std::string &name) {
     if (name.empty()) {
         const Entry *best = nullptr;
@@ -189,13 +216,16 @@ const FunctionTable &compiled_functions(const VariantInfo &variant) {
 
 const FunctionTable &runnable_functions(const VariantInfo &variant) { return runnable_entry(variant).functions; }
 
-const CompiledFunction &function_for(const VariantInfo &variant, const std::string &function, int64_t seq) {
+const CompiledFunction &function_for(const VariantInfo &variant, const std::string &function,
+                                     const ProblemExtents &call) {
     const FunctionTable &table = runnable_functions(variant);
     const auto found = table.find(function);
     if (found == table.end()) {
         throw Error("variant", "'" + variant.name + "' does not provide " + function +
                                    " (its schedule source cannot; see not_provided in manifest.json)");
     }
+    if (!variant.runs_own_kernels(function, call)) return function_for(select_variant(variant.fallback), function, call);
+    const int64_t seq = std::max(call.seq_q, call.seq_k);
     for (const CompiledFunction &f : found->second) {
         if (f.max_seq == 0 || seq <= f.max_seq) return f;
     }

@@ -33,22 +33,18 @@ inline bool provides(const VariantInfo &variant, const std::string &function) {
     return std::find(variant.functions.begin(), variant.functions.end(), function) != variant.functions.end();
 }
 
-// Runs `call`, a call of the variant's `function`; false when the variant does not run
-// it, in one of two ways manifest.json declares, each checked:
-// - the variant does not provide the function (not_provided): the call must be refused
-//   with attn::Error("variant") saying so;
-// - the variant's tiles limit its shapes (shape_limited_on, VariantInfo::runs_every_shape()
-//   false): a shape smaller than its tiles may be refused with attn::Error("variant")
-//   saying so, and nothing else.
-// Every other variant runs every shape: any error fails the test.
+// Runs `call`, a call of the variant's `function`; false when the variant does not
+// provide the function (manifest.json: not_provided), and then the call must be refused
+// with attn::Error("variant") saying so. Every variant runs every shape of a function it
+// provides (below a variant's min_shapes, with its fallback's kernels): any error there
+// fails the test.
 template <typename Call>
 bool ran_or_refused(const VariantInfo &variant, const std::string &function, Call &&call) {
-    const bool provided = provides(variant, function);
-    if (provided && variant.runs_every_shape()) {
+    if (provides(variant, function)) {
         call();
         return true;
     }
-    const std::string refusal = provided ? "cannot run this shape" : "does not provide " + function;
+    const std::string refusal = "does not provide " + function;
     try {
         call();
     } catch (const Error &e) {
@@ -57,11 +53,34 @@ bool ran_or_refused(const VariantInfo &variant, const std::string &function, Cal
         std::cout << "[ REFUSED  ] " << variant.name << " (" << refusal << "): " << e.what() << "\n";
         return false;
     }
-    if (!provided) ADD_FAILURE() << variant.name << " ran " << function << ", which manifest.json says it does not provide";
-    return provided;
+    ADD_FAILURE() << variant.name << " ran " << function << ", which manifest.json says it does not provide";
+    return false;
 }
 #define ATTN_RUN_OR_REFUSE(variant, function, ...) \
     if (!::attn::testing::ran_or_refused((variant), (function), [&] { __VA_ARGS__; })) return
+
+// The declared minimum of every variant with min_shapes (manifest.json), as test cases:
+// for each function it bounds (the fused layer's, or the stages'), the variant with the
+// smallest problem its own kernels run (d raised where heads·d must reach H). The tests
+// run them against the reference, so a minimum declared too low fails; below it, the
+// matrix runs the fallback.
+inline std::vector<VariantProblem> min_shape_cases(bool fused_layer) {
+    std::vector<VariantProblem> cases;
+    for (const VariantInfo &v : variants()) {
+        for (const auto &[function, m] : v.min_shapes) {
+            if ((function.rfind("attention_layer", 0) == 0) != fused_layer) continue;
+            Problem p;
+            p.batch = m.batch, p.s_q = m.seq_q, p.s_k = m.seq_k, p.heads = m.heads;
+            p.hidden = std::max(m.head_dim, (m.hidden + m.heads - 1) / m.heads) * m.heads;
+            p.cross = p.s_q != p.s_k;
+            const bool seen = std::any_of(cases.begin(), cases.end(), [&](const VariantProblem &c) {
+                return std::get<0>(c).name == v.name && std::get<1>(c).name() == p.name();
+            });
+            if (!seen) cases.emplace_back(v, p);
+        }
+    }
+    return cases;
+}
 
 // The fused layer's function for a call with or without the probabilities.
 inline std::string layer_function(bool with_probs) { return with_probs ? "attention_layer_probs" : "attention_layer"; }

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -133,6 +134,12 @@ PackedBatch pack(ConstTensor x, MaskTensor key_padding_mask);
 // at padded positions.
 void unpack(ConstTensor packed, OffsetTensor sequence_offsets, MutableTensor padded);
 
+// The extents of one call: B (packed: the sequences), S_q and S_k (packed: the longest
+// sequence), the heads, the head dimension d and the hidden size H = heads·d.
+struct ProblemExtents {
+    int64_t batch = 1, seq_q = 1, seq_k = 1, heads = 1, head_dim = 1, hidden = 1;
+};
+
 // A variant: one ISA's build with one schedule source (the project's manifest.json).
 struct VariantInfo {
     std::string name;      // "<schedule>_<isa>", e.g. "manual_avx2"
@@ -146,12 +153,17 @@ struct VariantInfo {
     // attention_layer_packed and attention_layer_packed_probs (the same over packed sequences).
     std::vector<std::string> functions;
     bool bitwise_reproducible = true;  // the same input gives the same bits on every run
-    // Why the variant's tiles limit its shapes (manifest.json: shape_limited_on and
-    // shape_limited_because), or empty. Such a variant refuses a shape smaller than its
-    // tiles with attn::Error("variant") before computing anything; every other variant
-    // runs every valid shape.
-    std::string shape_limit;
-    bool runs_every_shape() const { return shape_limit.empty(); }
+    // Every variant runs every valid shape. Most do it with their own kernels; a few
+    // (manifest.json: min_shapes, the GPU autoscheduled ones) have kernels whose tiles
+    // need extents of at least min_shapes[function], for the reason in
+    // min_shapes_because. A call with any extent below them runs the kernels of
+    // `fallback`, the same device's hand-written variant, instead: same results contract,
+    // its speed. runs_own_kernels() says which kernels a call gets; the benchmarks skip
+    // such calls rather than time the fallback under this variant's name.
+    std::map<std::string, ProblemExtents> min_shapes;
+    std::string min_shapes_because;
+    std::string fallback;  // "manual_<isa>" where min_shapes is not empty
+    bool runs_own_kernels(const std::string &function, const ProblemExtents &call) const;
     bool runnable = false;            // this machine can run it
     std::string not_runnable_reason;  // why not, when it cannot
 };

@@ -55,9 +55,11 @@ int call(const CompiledFunction &function, const Arguments &arguments, const std
 const FunctionTable &compiled_functions(const VariantInfo &variant);
 // The same; throws attn::Error("variant") if it cannot run here.
 const FunctionTable &runnable_functions(const VariantInfo &variant);
-// The function of `variant` that serves calls with max(S_q, S_k) = `seq`. Throws
-// attn::Error("variant") when the variant does not provide it (manifest.json, not_provided).
-const CompiledFunction &function_for(const VariantInfo &variant, const std::string &function, int64_t seq);
+// The compiled function that serves `call`: the variant's own, of the shape class of
+// max(S_q, S_k), or its fallback's below its min_shapes. Throws attn::Error("variant")
+// when the variant does not provide it (manifest.json, not_provided).
+const CompiledFunction &function_for(const VariantInfo &variant, const std::string &function,
+                                     const ProblemExtents &call);
 
 // Adds a variant whose functions were loaded at run time (tools/autotune.py's candidates,
 // from attn_bench --candidate). Of `info`, the name, schedule, ISA and target are kept;
