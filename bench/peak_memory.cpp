@@ -16,27 +16,32 @@ int64_t bytes_at_start = 0;
 // Each block carries its size in a header as wide as the alignment Halide wants.
 constexpr std::size_t kHeader = 128;
 
-void counted(std::size_t size) {
+// Counts `block` (from an underlying allocator, kHeader bytes more than `size`): writes
+// its header and returns what the caller gets.
+void *count_in(void *block, std::size_t size) {
+    if (!block) return nullptr;
+    *static_cast<std::size_t *>(block) = size;
     const int64_t now = live_bytes += int64_t(size);
     int64_t peak = peak_bytes.load();
     while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
     }
     ++allocations;
-}
-
-void *counted_alloc(std::size_t size) {
-    void *block = std::aligned_alloc(kHeader, (size + 2 * kHeader - 1) / kHeader * kHeader);
-    if (!block) return nullptr;
-    *static_cast<std::size_t *>(block) = size;
-    counted(size);
     return static_cast<char *>(block) + kHeader;
 }
 
-void counted_free(void *p) {
-    if (!p) return;
+// The block behind a counted pointer, for its underlying allocator to free, uncounted.
+void *count_out(void *p) {
     void *block = static_cast<char *>(p) - kHeader;
     live_bytes -= int64_t(*static_cast<std::size_t *>(block));
-    std::free(block);
+    return block;
+}
+
+void *counted_alloc(std::size_t size) {
+    return count_in(std::aligned_alloc(kHeader, (size + 2 * kHeader - 1) / kHeader * kHeader), size);
+}
+
+void counted_free(void *p) {
+    if (p) std::free(count_out(p));
 }
 
 // Halide's allocations go through the library's allocator (its scratch cache), as in an
@@ -44,17 +49,10 @@ void counted_free(void *p) {
 halide_malloc_t library_malloc = nullptr;
 halide_free_t library_free = nullptr;
 extern "C" void *halide_counted_malloc(void *user_context, size_t size) {
-    char *block = static_cast<char *>(library_malloc(user_context, size + kHeader));
-    if (!block) return nullptr;
-    *reinterpret_cast<std::size_t *>(block) = size;
-    counted(size);
-    return block + kHeader;
+    return count_in(library_malloc(user_context, size + kHeader), size);
 }
 extern "C" void halide_counted_free(void *user_context, void *p) {
-    if (!p) return;
-    char *block = static_cast<char *>(p) - kHeader;
-    live_bytes -= int64_t(*reinterpret_cast<std::size_t *>(block));
-    library_free(user_context, block);
+    if (p) library_free(user_context, count_out(p));
 }
 
 }  // namespace

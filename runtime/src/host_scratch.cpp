@@ -10,6 +10,8 @@
 
 #include <HalideRuntime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -30,9 +32,37 @@ std::size_t size_class(std::size_t bytes) {
     return (bytes + step - 1) / step * step;
 }
 
+// Which large blocks are handed out, readable without the lock: one bit per hash of an
+// address, set while a block of that hash is in use. A free whose bit is clear is a small
+// block (thousands per call, from threads working in parallel) and takes no lock.
+class InUseFilter {
+public:
+    void add(void *block) { word(block).fetch_or(bit(block), std::memory_order_release); }
+    bool may_hold(void *block) const { return word(block).load(std::memory_order_acquire) & bit(block); }
+    // Under the cache's lock, once `block` has left `in_use`: clears its bit unless
+    // another block in use shares it.
+    void remove(void *block, const std::unordered_map<void *, std::size_t> &in_use) {
+        for (const auto &entry : in_use) {
+            if (slot(entry.first) == slot(block)) return;
+        }
+        word(block).fetch_and(~bit(block), std::memory_order_relaxed);
+    }
+
+private:
+    static constexpr int kSlotBits = 12;  // 4096 bits: a few dozen blocks in use share few
+    static std::size_t slot(const void *p) {
+        return std::size_t((uint64_t(uintptr_t(p)) >> 7) * 0x9E3779B97F4A7C15ull >> (64 - kSlotBits));
+    }
+    static uint64_t bit(const void *p) { return uint64_t(1) << (slot(p) % 64); }
+    std::atomic<uint64_t> &word(const void *p) { return words_[slot(p) / 64]; }
+    const std::atomic<uint64_t> &word(const void *p) const { return words_[slot(p) / 64]; }
+    std::atomic<uint64_t> words_[(1 << kSlotBits) / 64] = {};
+};
+
 struct Cache {
     std::mutex mutex;
     std::unordered_map<void *, std::size_t> in_use;  // large blocks handed out, with their capacity
+    InUseFilter in_use_filter;                       // in_use, for frees without the lock
     std::multimap<std::size_t, void *> kept;         // large blocks freed, by capacity
     std::size_t kept_bytes = 0;
     detail::ScratchStats stats;
@@ -54,6 +84,7 @@ extern "C" void *scratch_malloc(void *user_context, std::size_t bytes) {
         block = it->second;
         c.kept_bytes -= it->first;
         c.in_use.emplace(block, it->first);
+        c.in_use_filter.add(block);
         c.kept.erase(it);
         ++c.stats.reused;
         return block;
@@ -62,6 +93,7 @@ extern "C" void *scratch_malloc(void *user_context, std::size_t bytes) {
     block = std::aligned_alloc(128, capacity);
     if (block) {
         c.in_use.emplace(block, capacity);
+        c.in_use_filter.add(block);
         ++c.stats.allocated;
     }
     return block;
@@ -69,13 +101,14 @@ extern "C" void *scratch_malloc(void *user_context, std::size_t bytes) {
 
 extern "C" void scratch_free(void *user_context, void *block) {
     if (!block) return;
-    {
-        Cache &c = cache();
+    Cache &c = cache();
+    if (c.in_use_filter.may_hold(block)) {
         std::lock_guard<std::mutex> lock(c.mutex);
         auto it = c.in_use.find(block);
         if (it != c.in_use.end()) {
             const std::size_t capacity = it->second;
             c.in_use.erase(it);
+            c.in_use_filter.remove(block, c.in_use);
             if (c.kept_bytes + capacity <= kCacheLimit) {
                 c.kept.emplace(capacity, block);
                 c.kept_bytes += capacity;
