@@ -7,7 +7,8 @@ short contexts, the projections at every one), every implementation is made read
 checked against the reference: the variants and the OpenBLAS peers by attn_bench
 (--serve, a long-lived worker process this script drives), PyTorch and ONNX Runtime here
 (bench/peers.py). Then come --rounds rounds; in each, every implementation runs once for
-at least --min-time seconds, in an order that rotates by one from round to round.
+at least --min-time seconds, after --pause seconds of idle, in an order that rotates by
+one from round to round.
 A round's times are a paired sample: ratios between implementations are taken per round,
 and report.py gives their median with a distribution-free confidence interval.
 
@@ -129,7 +130,7 @@ def measure_group(impls, rounds, min_time, pause):
         order = ready[shift:] + ready[:shift]
         orders.append([impl.impl for impl in order])
         for impl in order:
-            time.sleep(pause)  # lets the previous implementation's spinning threads go idle
+            time.sleep(pause)  # lets the previous implementation's spinning threads go idle (see --pause)
             ms, runs = impl.time(min_time)
             results[impl.impl]["ms"].append(ms)
             results[impl.impl]["runs"].append(runs)
@@ -142,7 +143,10 @@ def main():
     parser.add_argument("--out", default="bench/results", help="folder for comparison.json, .md and .png")
     parser.add_argument("--rounds", type=int, default=7, help="rounds per problem and function (at least 5)")
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds per sample (at least one run)")
-    parser.add_argument("--pause", type=float, default=0.02, help="seconds between two samples")
+    # Worker threads busy-wait after a call (OpenBLAS's for about 2^28 cycles, ONNX Runtime's
+    # spin too) and slow whatever runs next. With 0.02 s, the variant that followed ONNX
+    # Runtime in every round took 1.04-1.07x the time of its identical twin; with 0.3 s, 0.99.
+    parser.add_argument("--pause", type=float, default=0.25, help="seconds of idle before each sample")
     parser.add_argument("--candidate", action="append", default=[], metavar="LIBRARY:SUFFIX:ISA",
                         help="also time a compiled candidate (tools/autotune.py's), as candidate_SUFFIX")
     parser.add_argument("--filter", default=".", help="regex on <function>/<implementation>/<problem>")
@@ -179,7 +183,7 @@ def main():
 
     context = {**listing["context"], "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host_name": platform.node(),
                "python": platform.python_version(), "peers": versions, "rounds": args.rounds,
-               "min_time": args.min_time, "device": args.device, "peer_threads": args.threads,
+               "min_time": args.min_time, "pause": args.pause, "device": args.device, "peer_threads": args.threads,
                "command": " ".join(sys.argv)}
     problems, groups = [], []
     started = time.monotonic()

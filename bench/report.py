@@ -207,7 +207,8 @@ def markdown(doc):
            f"{c.get('date', '?')}; Halide {c.get('halide', '?')}, {c.get('openblas', 'OpenBLAS ?')}; {peers}.",
            "",
            f"Interleaved: for each problem and function, {c.get('rounds')} rounds in which every implementation ran "
-           f"for at least {c.get('min_time')} s, in an order rotating by one per round. Times are medians over "
+           f"for at least {c.get('min_time')} s (after {c.get('pause', 0.02)} s idle), in an order rotating by one "
+           "per round. Times are medians over "
            "the rounds; \"spread %\" is (max - min) / median over them. Ratios are paired (taken within each "
            "round): median [confidence interval of the median, at least 90%]; ≈ marks a ratio whose interval "
            "contains 1 (within this machine's noise). "
