@@ -113,23 +113,27 @@ std::string measure(const VariantInfo &own, const std::string &function) {
         const int64_t h_bound = heads * base.head_dim;
         Shape5 s = base;
         s.heads = heads - 1, s.head_dim = (h_bound + s.heads - 1) / s.heads;
-        if (runs(own, function, s)) m.hidden = std::max(m.hidden, h_bound);
-        else m.heads = heads;
+        if (runs(own, function, s))
+            m.hidden = std::max(m.hidden, h_bound);
+        else
+            m.heads = heads;
     }
     // And the head_dim bound: d one lower with twice the heads.
     if (head_dim > 1) {
         const int64_t h_bound = base.heads * head_dim;
         Shape5 s = base;
         s.head_dim = head_dim - 1, s.heads = 2 * base.heads;
-        if (runs(own, function, s)) m.hidden = std::max(m.hidden, h_bound);
-        else m.head_dim = head_dim;
+        if (runs(own, function, s))
+            m.hidden = std::max(m.hidden, h_bound);
+        else
+            m.head_dim = head_dim;
     }
     Shape5 corner{m.batch, m.seq_q, m.seq_k, m.heads, 0};
     corner.head_dim = std::max(m.head_dim, (m.hidden + m.heads - 1) / m.heads);
     if (!runs(own, function, corner)) return "";
     std::string json;
-    const std::pair<const char *, int64_t> dimensions[] = {{"batch", m.batch}, {"seq_q", m.seq_q},
-                                                           {"seq_k", m.seq_k}, {"heads", m.heads},
+    const std::pair<const char *, int64_t> dimensions[] = {{"batch", m.batch},       {"seq_q", m.seq_q},
+                                                           {"seq_k", m.seq_k},       {"heads", m.heads},
                                                            {"head_dim", m.head_dim}, {"hidden", m.hidden}};
     for (const auto &[name, value] : dimensions) {
         if (value > 1) json += std::string(json.empty() ? "" : ", ") + "\"" + name + "\": " + std::to_string(value);

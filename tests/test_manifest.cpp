@@ -88,8 +88,8 @@ TEST(Manifest, AVariantWithMinShapesFallsBackToTheHandWrittenVariantBelowThem) {
             ++bounded;
             EXPECT_TRUE(provides(*fallback, function)) << v.fallback << " " << function;
             EXPECT_TRUE(v.runs_own_kernels(function, m)) << v.name << " " << function;
-            int64_t ProblemExtents::*const dimensions[] = {&ProblemExtents::batch,   &ProblemExtents::seq_q,
-                                                           &ProblemExtents::seq_k,   &ProblemExtents::heads,
+            int64_t ProblemExtents::*const dimensions[] = {&ProblemExtents::batch,    &ProblemExtents::seq_q,
+                                                           &ProblemExtents::seq_k,    &ProblemExtents::heads,
                                                            &ProblemExtents::head_dim, &ProblemExtents::hidden};
             for (int64_t ProblemExtents::*d : dimensions) {
                 ProblemExtents above = m, below = m;

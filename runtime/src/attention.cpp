@@ -532,7 +532,8 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     // Self-attention passes x as kv: the layer's one function takes both.
     auto kv = cross ? halide_view(in.kv) : x;
     const std::string function = want_probs ? "attention_layer_probs" : "attention_layer";
-    run_pipeline(function, *variant_, extents(batch, s_q, s_k, heads, hidden), [&](CallBuffers &c, detail::Arguments &a) {
+    const ProblemExtents call = extents(batch, s_q, s_k, heads, hidden);
+    run_pipeline(function, *variant_, call, [&](CallBuffers &c, detail::Arguments &a) {
         bind_weights(c, a, w, weights_, device_weights_ != nullptr);
         a.buffer("key_padding_mask", placed_or_input(c, "key_padding_mask", mask));
         a.buffer("bias", placed_or_input(c, "bias", bias));
@@ -560,8 +561,7 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     if (tokens > 0) check_tensor("y", y, xs, "[T, H]");
     const bool want_probs = !probs.empty();
     if (want_probs) {
-        check_tensor("probs", probs, {probs_elements(lengths, heads)},
-                     "[sum over sequences of heads * L_b^2]");
+        check_tensor("probs", probs, {probs_elements(lengths, heads)}, "[sum over sequences of heads * L_b^2]");
         check_host("probs", probs, "each sequence's probabilities are gathered on the host");
     }
     const char *bias_layout = "[heads or 1, S_max, S_max]";
@@ -607,7 +607,8 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     WeightViews &w =
         device_weights_ ? device_weights_->views : *(host_weights = std::make_unique<WeightViews>(weights_));
     const std::string function = want_probs ? "attention_layer_packed_probs" : "attention_layer_packed";
-    run_pipeline(function, *variant_, extents(batch, longest, longest, heads, hidden), [&](CallBuffers &c, detail::Arguments &a) {
+    const ProblemExtents call = extents(batch, longest, longest, heads, hidden);
+    run_pipeline(function, *variant_, call, [&](CallBuffers &c, detail::Arguments &a) {
         bind_weights(c, a, w, weights_, device_weights_ != nullptr);
         a.buffer("x", c.input("x", x, in.x.memory));
         a.buffer("sequence_offsets", c.input("sequence_offsets", offsets, Memory::host));
@@ -676,7 +677,8 @@ void qkv_projection(const VariantInfo &variant, const Config &config, ConstTenso
     auto w_q = halide_view(weights.w_q), w_k = halide_view(weights.w_k), w_v = halide_view(weights.w_v);
     auto b_q = halide_view(weights.b_q), b_k = halide_view(weights.b_k), b_v = halide_view(weights.b_v);
     auto q_buf = halide_view(q), k_buf = halide_view(k), v_buf = halide_view(v);
-    run_pipeline("qkv_projection", variant, extents(xq[0], xq[1], s_k, config.num_heads, hidden), [&](CallBuffers &c, detail::Arguments &a) {
+    const ProblemExtents call = extents(xq[0], xq[1], s_k, config.num_heads, hidden);
+    run_pipeline("qkv_projection", variant, call, [&](CallBuffers &c, detail::Arguments &a) {
         a.buffer("x_q", c.input("x_q", xq_buf, x_q.memory)).buffer("x_kv", c.input("x_kv", xkv_buf, x_kv.memory));
         a.buffer("w_q", c.input("w_q", w_q, weights.w_q.memory)).buffer("w_k", c.input("w_k", w_k, weights.w_k.memory));
         a.buffer("w_v", c.input("w_v", w_v, weights.w_v.memory)).buffer("b_q", c.input("b_q", b_q, weights.b_q.memory));
@@ -701,7 +703,8 @@ void attention_scores(const VariantInfo &variant, const Config &config, ConstTen
     make_bias(b, bias, qs[0], heads, qs[1], s_k, detail::device_interface(variant.device));
     auto q_buf = halide_view(q), k_buf = halide_view(k);
     auto s_buf = halide_view(scores);
-    run_pipeline("attention_scores", variant, extents(qs[0], qs[1], s_k, heads, hidden), [&](CallBuffers &c, detail::Arguments &a) {
+    const ProblemExtents call = extents(qs[0], qs[1], s_k, heads, hidden);
+    run_pipeline("attention_scores", variant, call, [&](CallBuffers &c, detail::Arguments &a) {
         a.buffer("q", c.input("q", q_buf, q.memory)).buffer("k", c.input("k", k_buf, k.memory));
         a.buffer("bias", placed_or_input(c, "bias", b)).scalar("heads", int32_t(heads));
         a.buffer("scores", c.output("scores", s_buf, scores.memory));
@@ -721,7 +724,8 @@ void masked_softmax(const VariantInfo &variant, const Config &config, ConstTenso
     make_mask(mask, key_padding_mask, s[0], s[3], detail::device_interface(variant.device));
     auto s_buf = halide_view(scores);
     auto p_buf = halide_view(probs);
-    run_pipeline("masked_softmax", variant, extents(s[0], s[2], s[3], s[1], config.hidden_size), [&](CallBuffers &c, detail::Arguments &a) {
+    const ProblemExtents call = extents(s[0], s[2], s[3], s[1], config.hidden_size);
+    run_pipeline("masked_softmax", variant, call, [&](CallBuffers &c, detail::Arguments &a) {
         a.buffer("scores", c.input("scores", s_buf, scores.memory));
         a.buffer("key_padding_mask", placed_or_input(c, "key_padding_mask", mask)).scalar("causal", config.causal);
         a.buffer("probs", c.output("probs", p_buf, probs.memory));
@@ -740,7 +744,8 @@ void weighted_sum(const VariantInfo &variant, const Config &config, ConstTensor 
     check_tensor("ctx", ctx, {p[0], p[2], hidden}, "[B, S_q, H]");
     auto p_buf = halide_view(probs), v_buf = halide_view(v);
     auto ctx_buf = head_view(ctx, heads);
-    run_pipeline("weighted_sum", variant, extents(p[0], p[2], p[3], heads, hidden), [&](CallBuffers &c, detail::Arguments &a) {
+    const ProblemExtents call = extents(p[0], p[2], p[3], heads, hidden);
+    run_pipeline("weighted_sum", variant, call, [&](CallBuffers &c, detail::Arguments &a) {
         a.buffer("probs", c.input("probs", p_buf, probs.memory)).buffer("v", c.input("v", v_buf, v.memory));
         a.buffer("ctx", c.output("ctx", ctx_buf, ctx.memory));
     });
@@ -761,7 +766,8 @@ void output_layernorm(const VariantInfo &variant, const Config &config, ConstTen
     auto y_buf = halide_view(y);
     auto w_o = halide_view(weights.w_o), b_o = halide_view(weights.b_o);
     auto gamma = halide_view(weights.gamma), beta = halide_view(weights.beta);
-    run_pipeline("output_layernorm", variant, extents(xs[0], xs[1], xs[1], config.num_heads, hidden), [&](CallBuffers &c, detail::Arguments &a) {
+    const ProblemExtents call = extents(xs[0], xs[1], xs[1], config.num_heads, hidden);
+    run_pipeline("output_layernorm", variant, call, [&](CallBuffers &c, detail::Arguments &a) {
         a.buffer("ctx", c.input("ctx", ctx_buf, ctx.memory)).buffer("x", c.input("x", x_buf, x.memory));
         a.buffer("w_o", c.input("w_o", w_o, weights.w_o.memory)).buffer("b_o", c.input("b_o", b_o, weights.b_o.memory));
         a.buffer("gamma", c.input("gamma", gamma, weights.gamma.memory));

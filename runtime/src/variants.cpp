@@ -224,7 +224,8 @@ const CompiledFunction &function_for(const VariantInfo &variant, const std::stri
         throw Error("variant", "'" + variant.name + "' does not provide " + function +
                                    " (its schedule source cannot; see not_provided in manifest.json)");
     }
-    if (!variant.runs_own_kernels(function, call)) return function_for(select_variant(variant.fallback), function, call);
+    if (!variant.runs_own_kernels(function, call))
+        return function_for(select_variant(variant.fallback), function, call);
     const int64_t seq = std::max(call.seq_q, call.seq_k);
     for (const CompiledFunction &f : found->second) {
         if (f.max_seq == 0 || seq <= f.max_seq) return f;
