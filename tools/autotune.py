@@ -19,10 +19,10 @@ whole space.
 
 Each candidate is compiled by the project's generator into a shared library
 (`-no_runtime`: it binds to the harness's Halide runtime), several at a time with a
-timeout each; when a class is tuned on packed problems (`*_varlen`) too, the library
-also holds the function's packed twin (attention_layer_packed), which attn_bench runs
-them through, so one winner is chosen for both, then measured one at a time by the benchmark harness, attn_bench
---candidate=...: checked against the reference first (DESIGN.md's accuracy rule, on a
+timeout each (when a class is tuned on packed problems, `*_varlen`, the library also
+holds the function's packed twin, attention_layer_packed, which attn_bench runs them
+through, so one winner is chosen for both), then measured one at a time by the
+benchmark harness, attn_bench --candidate=...: checked against the reference first (DESIGN.md's accuracy rule, on a
 short problem whatever the class; a wrong or refusing candidate is rejected), then timed
 with repetitions on each problem of the shape class (manifest.json: shape_classes). Each
 class is searched in turn, with its share of the budget; candidates compiled for one are

@@ -30,24 +30,19 @@ bool listed(const char *space_separated, const std::string &word) {
     return false;
 }
 
-const manifest::Isa &isa_of(const std::string &name) {
-    for (const manifest::Isa &i : manifest::kIsas) {
-        if (name == i.name) return i;
-    }
-    throw Error("variant", "no ISA '" + name + "' in manifest.json");
-}
-
 Entry make_entry(const std::string &schedule, const std::string &isa, detail::FunctionTable functions) {
     Entry e{{}, std::move(functions)};
     e.info.schedule = schedule;
     e.info.isa = isa;
     e.info.name = schedule + "_" + isa;
     e.info.device = "cpu";
+    const char *isa_variants = "";  // the schedule sources the ISA is built with
     for (const manifest::Isa &i : manifest::kIsas) {
         if (isa != i.name) continue;
         e.info.target = i.halide_target;
         e.info.device = i.device;
         e.dispatch_rank = i.dispatch_rank;
+        isa_variants = i.variants;
     }
     for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
         if (schedule != s.name) continue;
@@ -62,7 +57,7 @@ Entry make_entry(const std::string &schedule, const std::string &isa, detail::Fu
     }
     if (!e.info.min_shapes.empty()) {
         for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
-            if (std::string(s.kind) == "hand-written" && listed(isa_of(isa).variants, s.name)) {
+            if (std::string(s.kind) == "hand-written" && listed(isa_variants, s.name)) {
                 e.info.fallback = std::string(s.name) + "_" + isa;
             }
         }
@@ -124,8 +119,6 @@ const std::vector<VariantInfo> &variants() {
     return infos;
 }
 
-// The runnable variant of the highest ISA dispatch rank, then of the highest schedule
-// source priority (manifest.json); a rank or priority of 0 is chosen by name only.
 bool VariantInfo::runs_own_kernels(const std::string &function, const ProblemExtents &call) const {
     const auto found = min_shapes.find(function);
     if (found == min_shapes.end()) return true;
@@ -134,6 +127,8 @@ bool VariantInfo::runs_own_kernels(const std::string &function, const ProblemExt
            call.head_dim >= m.head_dim && call.hidden >= m.hidden;
 }
 
+// The runnable variant of the highest ISA dispatch rank, then of the highest schedule
+// source priority (manifest.json); a rank or priority of 0 is chosen by name only.
 const VariantInfo &select_variant(const std::string &name) {
     if (name.empty()) {
         const Entry *best = nullptr;
