@@ -17,6 +17,7 @@
 #   ATTN_MIN_SHAPE_ROWS                     "source ISA function extents..." (min_shapes, per built ISA)
 #   ATTN_SHAPE_CLASSES                      shape class names; ATTN_SHAPE_CLASS_<c>_MAX_SEQ (0: none)
 #   ATTN_RUNTIME_TARGET                     the Halide runtime every linked variant shares
+#   ATTN_GPU_SHARED_MEMORY_PER_BLOCK        bytes of shared memory a GPU block may use
 set(ATTN_MANIFEST_FILE "${PROJECT_SOURCE_DIR}/manifest.json")
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${ATTN_MANIFEST_FILE}")
 file(READ "${ATTN_MANIFEST_FILE}" ATTN_MANIFEST)
@@ -68,6 +69,7 @@ endfunction()
 # ---- reading ----
 
 string(JSON ATTN_RUNTIME_TARGET GET "${ATTN_MANIFEST}" runtime_target)
+string(JSON ATTN_GPU_SHARED_MEMORY_PER_BLOCK GET "${ATTN_MANIFEST}" gpu_shared_memory_per_block bytes)
 
 set(ATTN_FUNCTIONS "")
 string(JSON count LENGTH "${ATTN_MANIFEST}" functions)
@@ -358,6 +360,9 @@ struct ShapeClass {
 };
 inline constexpr ShapeClass kShapeClasses[] = {
 @class_rows@};
+
+// The shared memory a GPU kernel's block may use (manifest.json: gpu_shared_memory_per_block).
+inline constexpr int kGpuSharedMemoryPerBlock = @ATTN_GPU_SHARED_MEMORY_PER_BLOCK@;
 
 struct ManualParameter {
     const char *name;

@@ -9,6 +9,7 @@
 #include "../schedules/gpu_manual.h"
 #include "../schedules/schedule_source.h"
 #include "attn/generated/manifest.h"
+#include "gpu_shared_memory.h"
 
 #include <string>
 
@@ -81,6 +82,8 @@ public:
                 attn_sched::apply_autoscheduler(schedule_source, this->get_pipeline(), this->get_target());
                 break;
         }
+        check_gpu_shared_memory(this->get_pipeline(), this->get_target(),
+                                std::string(function) + " (" + std::string(schedule_source) + ")");
     }
 };
 

@@ -272,20 +272,26 @@ namespace {
 // of a chunk, each reducing its Q·K in registers), their row max and sum (a thread per
 // query), the exponentials, and the weighted sum of V (lanes along the head dimension),
 // all in shared memory, then the running values updated by the thread that owns them.
-// Nothing of size S_q × S_k exists.
+// Nothing of size S_q × S_k exists. A block keeps the context of at most
+// kHeadDimPerBlock features, so that its shared memory does not grow with the head
+// dimension: a larger d takes several blocks per (query block, head), each computing the
+// scores again for its share of the features.
+constexpr int kHeadDimPerBlock = 64;
 void schedule_flash_core(attn_gen::FlashAttention f) {
     const Var &e = dims.head_dim, &i = dims.query, &h = dims.head, &b = dims.batch;
     const Var &qi = dims.query_in_block;
     const RVar &lane = f.key_in_block.x, &chunk = f.key_in_block.y;
-    Var qb{"qb"}, ii{"ii"}, eo{"eo"}, e_lane{"e_lane"}, ro{"ro"}, rt{"rt"};
+    Var qb{"qb"}, ii{"ii"}, eb{"eb"}, ei{"ei"}, eh{"eh"}, eo{"eo"}, e_lane{"e_lane"}, ro{"ro"}, rt{"rt"};
     f.ctx.compute_root()
         .split(i, qb, ii, f.blocking.query_block, kGuard)
-        .split(e, eo, e_lane, kLanes, kGuard)
+        .split(e, eb, ei, kHeadDimPerBlock, kGuard)
+        .split(ei, eo, e_lane, kLanes, kGuard)
         .split(ii, ro, rt, kRowThreads, kGuard)
-        .reorder(eo, ro, e_lane, rt, h, qb, b)
-        .gpu_blocks(h, qb, b)
+        .reorder(eo, ro, e_lane, rt, eb, h, qb, b)
+        .fuse(eb, h, eh)
+        .gpu_blocks(eh, qb, b)
         .gpu_threads(e_lane, rt);
-    LoopLevel block(f.ctx, h);
+    LoopLevel block(f.ctx, eh);
 
     // (column, row, ...) Funcs in shared memory, lanes along `column`, warps along `row`,
     // each thread's share of columns and rows serial inside it; for a reduction, the update

@@ -3,7 +3,9 @@
 // results against the reference are checked with every other variant's (test_layer,
 // test_stages, test_properties); here, on the OpenCL variants (PoCL in CI) and, where
 // a CUDA device is present, on the CUDA variants with device memory.
+#include "attn/generated/manifest.h"
 #include "attn/internal.h"  // detail::host_to_device_copies
+#include "support/gpu_shared_memory_limit.h"
 #include "support/variant_param.h"
 
 #include <HalideBuffer.h>
@@ -114,6 +116,38 @@ TEST(Gpu, LaterCallsUploadOnlyTheHostInputsGiven) {
         EXPECT_EQ(detail::host_to_device_copies() - before, 1u) << v.name << ": x alone is new";
     }
     if (!ran) GTEST_SKIP() << "no GPU variant runs here (no CUDA device, no OpenCL device)";
+}
+
+// The OpenCL device of these tests refuses a launch asking for more shared memory than a
+// GPU block gets (support/gpu_shared_memory_limit.cpp), through the hook Halide's runtime
+// calls; and the hand-written fused layer stays within it at a large head dimension (a
+// block keeps the context of at most 64 of its features, the rest go to more blocks).
+TEST(Gpu, OpenCLLaunchesGetOnlyTheSharedMemoryOfAGpuBlock) {
+    using SetKernelArg = int32_t (*)(void *, uint32_t, std::size_t, const void *);
+    const auto set_kernel_arg = reinterpret_cast<SetKernelArg>(halide_opencl_get_symbol(nullptr, "clSetKernelArg"));
+    if (!set_kernel_arg) GTEST_SKIP() << "no OpenCL loader here";
+    const std::size_t limit = std::size_t(manifest::kGpuSharedMemoryPerBlock);
+    EXPECT_EQ(set_kernel_arg(nullptr, 0, limit + 1, nullptr), -5) << "CL_OUT_OF_RESOURCES above the limit";
+    EXPECT_NE(set_kernel_arg(nullptr, 0, limit, nullptr), -5) << "passed on to OpenCL at the limit";
+
+    bool ran = false;
+    for (const VariantInfo &v : gpu_variants("opencl")) {
+        if (!v.runnable || v.schedule != "manual") continue;
+        ran = true;
+        Problem p = small_gpu_problem();
+        p.hidden = 256, p.heads = 2;  // d = 128
+        const LayerData data(p);
+        const ReferenceRun &ref = reference_run(data);
+        const SharedMemorySeen before = gpu_shared_memory_seen();
+        GuardedOutput y({p.batch, p.s_q, p.hidden});
+        Attention(p.config(), data.weights(), v.name).forward(data.inputs(), y.view());
+        expect_matches_reference(v.name.c_str(), y, ref.exact.y, ref.float32.y);
+        const SharedMemorySeen after = gpu_shared_memory_seen();
+        EXPECT_GT(after.launches, before.launches) << "the launches did not go through the hook";
+        std::cout << "[   INFO   ] " << v.name << ", d = 128: at most " << after.largest
+                  << " bytes of shared memory per block, of " << limit << "\n";
+    }
+    if (!ran) GTEST_SKIP() << "no OpenCL device here";
 }
 
 // CUDA device memory in place: inputs and output on the device, the call queued,
