@@ -51,11 +51,11 @@ using testing::ListedProblem;
 using testing::Problem;
 
 // At long contexts the S×S stages are not timed alone: each S×S stage buffer would be
-// B·heads·S² floats (768 MiB at S=4096). The projections ([B, S, H] in and out) are, so
-// the fused layer's time can be split into its projections and its attention core.
+// B·heads·S² floats (768 MiB at S=4096). The projections and the attention core ([B, S, H]
+// in and out) are, so the fused layer's time splits into its projections and its core.
 constexpr int64_t kLongestStageSeq = 384;
-bool is_projection(const std::string &function) {
-    return function == "qkv_projection" || function == "output_layernorm";
+bool timed_at_every_length(const std::string &function) {
+    return function == "qkv_projection" || function == "output_layernorm" || function == "attention_core";
 }
 
 struct Work {
@@ -92,6 +92,7 @@ Work work(const std::string &function, const Problem &p) {
     if (function == "masked_softmax") return {5 * scores, f * 2 * scores};
     if (function == "weighted_sum") return {attend, f * (scores + B * Sk * H + B * Sq * H)};
     if (function == "output_layernorm") return {out, f * (3 * B * Sq * H + H * H)};
+    if (function == "attention_core") return {2 * attend, f * (2 * B * Sq * H + 2 * B * Sk * H)};
     return {qkv + 2 * attend + out, f * (2 * B * Sq * H + 4 * H * H)};  // the fused layer
 }
 
@@ -180,6 +181,8 @@ std::vector<T> stage_reference(const std::string &name, const Fixture &f, const 
     if (name == "weighted_sum") {
         return reference::weighted_sum<T>(c, sizes, std::vector<T>(f.probs.begin(), f.probs.end()), x);
     }
+    if (name == "attention_core")
+        return reference::attention_core<T>(c, sizes, x, x, x, f.data.inputs().key_padding_mask, {});
     return reference::output_layernorm<T>(c, sizes, x, x, w);
 }
 
@@ -388,6 +391,8 @@ Prepared stage(const std::string &name, const VariantInfo &variant, const Listed
             stages::masked_softmax(variant, c, s->scores_in, s->mask, s->out_view);
         } else if (name == "weighted_sum") {
             stages::weighted_sum(variant, c, s->probs_in, s->x_in, s->out_view);
+        } else if (name == "attention_core") {  // q = k = v = x, as the peers (bench/peers.py) take them
+            stages::attention_core(variant, c, s->x_in, s->x_in, s->x_in, s->mask, {}, s->out_view);
         } else {
             stages::output_layernorm(variant, c, s->x_in, s->x_in, w, s->out_view);
         }
@@ -481,13 +486,13 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
         add(kLayerFunction, "openblas_unfused", lp, [&lp] { return openblas_layer(false, lp); });
         const bool short_context = lp.problem.s_q <= kLongestStageSeq;
         for (const std::string &name : stage_functions()) {
-            if (!short_context && !is_projection(name)) continue;
+            if (!short_context && !timed_at_every_length(name)) continue;
             for (const VariantInfo *v : timed) {
                 add(name, v->name, lp, [name, v, &lp] { return stage(name, *v, lp); });
             }
         }
         for (const auto &[name, gemms] : stage_peers) {
-            if (!short_context && !is_projection(name)) continue;
+            if (!short_context && !timed_at_every_length(name)) continue;
             add(name, "openblas_roofline", lp, [gemms = gemms, &lp] { return openblas_stage(gemms, lp); });
         }
     }

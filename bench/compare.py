@@ -96,7 +96,7 @@ class PythonPeer:
             error = float(np.max(np.abs(y.astype(np.float64) - self.expected)))
             answer["max_error"] = error
             if not error < 1e-4:
-                return {**answer, "ok": False, "error": f"max error {error:.3g} against the float64 layer"}
+                return {**answer, "ok": False, "error": f"max error {error:.3g} against the float64 reference"}
         return answer
 
     def time(self, seconds):
@@ -192,12 +192,17 @@ def main():
         for c in cases:
             if c["problem"] == p["name"]:
                 by_function.setdefault(c["function"], []).append(WorkerCase(worker, c))
-        fused_peers = [peer for peer in peers if wanted(f"{report.LAYER}/{peer.name}/{p['name']}")]
-        if fused_peers:
-            data = peer_lib.make_inputs(p)
-            expected = peer_lib.numpy_layer(p, data) if p["reference_checked"] else None
-            by_function.setdefault(report.LAYER, []).extend(
-                PythonPeer(peer, p, data, expected) for peer in fused_peers)
+        # Each peer beside the worker's cases of its function (the fused layer's peers on
+        # every problem the layer runs; the attention core's where attn_bench times the core).
+        these_peers = [peer for peer in peers if wanted(f"{peer.function}/{peer.name}/{p['name']}") and
+                       (peer.function == report.LAYER or peer.function in by_function)]
+        data = peer_lib.make_inputs(p) if these_peers else None
+        expected = {}  # by function: one float64 reference for its peers
+        for peer in these_peers:
+            if p["reference_checked"] and peer.checked and peer.function not in expected:
+                expected[peer.function] = peer.expected(p, data)
+            by_function.setdefault(peer.function, []).append(
+                PythonPeer(peer, p, data, expected.get(peer.function) if peer.checked else None))
         if not by_function:
             continue
         problems.append(p)

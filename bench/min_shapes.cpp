@@ -66,6 +66,8 @@ bool runs(const VariantInfo &variant, const std::string &function, const Shape5 
             stages::masked_softmax(variant, config, view(scores, ss), {}, view(out, ss));
         } else if (function == "weighted_sum") {
             stages::weighted_sum(variant, config, view(scores, ss), view(v, ks), view(y, xs));
+        } else if (function == "attention_core") {
+            stages::attention_core(variant, config, view(q, xs), view(k, ks), view(v, ks), {}, {}, view(y, xs));
         } else if (function == "output_layernorm") {
             stages::output_layernorm(variant, config, view(q, xs), view(x, xs), weights, view(y, xs));
         } else {

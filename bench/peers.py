@@ -52,28 +52,35 @@ def keep_matrix(p, mask):
     return keep
 
 
-def numpy_layer(p, d, eps=1e-12):
-    """The layer in float64 from DESIGN.md's formulas: the peers' correctness check."""
-    x = d["x"].astype(np.float64)
-    bsz, sq, hid = x.shape
-    heads = p["heads"]
-    hd = hid // heads
-
-    def lin(t, w, b):
-        return t @ d[w].astype(np.float64).T + d[b].astype(np.float64)
+def numpy_core(p, q, k, v, mask):
+    """The attention core in float64 from DESIGN.md's formulas: [B, S_q, H] from q [B, S_q, H]
+    and k, v [B, S_k, H] (heads interleaved), the key padding and causal masks applied."""
+    bsz, sq, hid = q.shape
+    hd = hid // p["heads"]
 
     def split(t):
-        return t.reshape(bsz, -1, heads, hd).transpose(0, 2, 1, 3)
+        return t.astype(np.float64).reshape(bsz, -1, p["heads"], hd).transpose(0, 2, 1, 3)
 
-    q, k, v = split(lin(x, "w_q", "b_q")), split(lin(x, "w_k", "b_k")), split(lin(x, "w_v", "b_v"))
+    q, k, v = split(q), split(k), split(v)
     scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd)
-    keep = keep_matrix(p, d["mask"])
+    keep = keep_matrix(p, mask)
     scores = np.where(keep, scores, -np.inf)
     row_max = np.max(scores, axis=-1, keepdims=True)
     e = np.where(keep, np.exp(scores - np.where(np.isfinite(row_max), row_max, 0)), 0.0)
     s = e.sum(-1, keepdims=True)
     probs = np.where(s > 0, e / np.where(s > 0, s, 1), 0.0)
-    ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(bsz, sq, hid)
+    return (probs @ v).transpose(0, 2, 1, 3).reshape(bsz, sq, hid)
+
+
+def numpy_layer(p, d, eps=1e-12):
+    """The layer in float64 from DESIGN.md's formulas: the peers' correctness check."""
+    x = d["x"].astype(np.float64)
+    hid = x.shape[2]
+
+    def lin(t, w, b):
+        return t @ d[w].astype(np.float64).T + d[b].astype(np.float64)
+
+    ctx = numpy_core(p, lin(x, "w_q", "b_q"), lin(x, "w_k", "b_k"), lin(x, "w_v", "b_v"), d["mask"])
     dense = x + lin(ctx, "w_o", "b_o")
     mean = dense.mean(-1, keepdims=True)
     var = ((dense - mean) ** 2).mean(-1, keepdims=True)
@@ -81,11 +88,16 @@ def numpy_layer(p, d, eps=1e-12):
 
 
 class Peer:
-    checked = True  # held to the float64 layer before it is timed
+    function = "attention_layer"  # what it computes, as attn_bench names its cases' functions
+    checked = True  # held to the float64 reference (expected) before it is timed
     roofline = False  # times the layer's GEMMs only
 
     def gflop(self, p):
         return layer_flops(p) * 1e-9
+
+    @staticmethod
+    def expected(p, d):
+        return numpy_layer(p, d)
 
     @staticmethod
     def output(y):
@@ -249,9 +261,66 @@ class PyTorchCudaPeer(Peer):
         return y.float().cpu().numpy()
 
 
+class SdpaCorePeer(Peer):
+    """The attention core alone (attn_bench's attention_core cases: q = k = v = x, the key
+    padding and causal masks): torch.nn.functional.scaled_dot_product_attention on the head
+    views of [B, S, H], its output back to [B, S, H]. On `device` "cuda" in fp32 (TF32 off;
+    PyTorch may still pick a 3xTF32 tensor-core kernel on sm80+) or, with bf16, for context."""
+
+    function = "attention_core"
+
+    def __init__(self, device, threads=None, bf16=False):
+        import torch
+
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ImportError("no CUDA device for PyTorch")
+        if threads:
+            torch.set_num_threads(threads)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        self.torch, self.device, self.bf16 = torch, device, bf16
+        self.name = "pytorch_sdpa" + ("_bf16" if bf16 else "")
+        self.checked = not bf16
+        self.version = torch.__version__ + (f" on {torch.cuda.get_device_name()}" if device == "cuda" else "")
+
+    def gflop(self, p):
+        return 2 * 2 * p["batch"] * p["s_q"] * p["s_k"] * p["hidden"] * 1e-9
+
+    @staticmethod
+    def expected(p, d):
+        return numpy_core(p, d["x"], d["x"], d["x"], d["mask"])
+
+    def prepare(self, p, d):
+        torch, F = self.torch, self.torch.nn.functional
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        x = torch.from_numpy(d["x"]).to(self.device, dtype)
+        bsz, sq, hid = d["x"].shape
+        heads = x.view(bsz, sq, p["heads"], hid // p["heads"]).transpose(1, 2)
+        # As PyTorchPeer: the keep matrix where keys are padded (causal within it), else is_causal
+        # (S_q = S_k in every problem, where SDPA's top-left diagonal is DESIGN.md's bottom-right one).
+        padded = not d["mask"].all()
+        keep = torch.from_numpy(keep_matrix(p, d["mask"])).to(self.device) if padded else None
+        causal = p["causal"] and not padded
+
+        def run():
+            with torch.inference_mode():
+                ctx = F.scaled_dot_product_attention(heads, heads, heads, attn_mask=keep, is_causal=causal)
+                ctx = ctx.nan_to_num(0.0).transpose(1, 2).reshape(bsz, sq, hid)
+                if self.device == "cuda":
+                    torch.cuda.synchronize()
+                return ctx
+
+        return run
+
+    @staticmethod
+    def output(y):
+        return y.float().cpu().numpy()
+
+
 def cpu_peers(threads):
-    return [lambda: PyTorchPeer(threads), lambda: OnnxRuntimePeer(threads)]
+    return [lambda: PyTorchPeer(threads), lambda: OnnxRuntimePeer(threads), lambda: SdpaCorePeer("cpu", threads)]
 
 
 def cuda_peers():
-    return [lambda kind=kind: PyTorchCudaPeer(kind) for kind in ("eager", "sdpa", "sdpa_bf16", "cublas_roofline")]
+    return [lambda kind=kind: PyTorchCudaPeer(kind) for kind in ("eager", "sdpa", "sdpa_bf16", "cublas_roofline")] + \
+        [lambda: SdpaCorePeer("cuda"), lambda: SdpaCorePeer("cuda", bf16=True)]

@@ -29,6 +29,7 @@ _MANIFEST = manifest.load()
 AUTOSCHEDULERS = tuple(_MANIFEST.autoschedulers())
 STAGES = tuple(_MANIFEST.stage_functions())  # each stage's function
 LAYER = "attention_layer"  # the fused layer's function, as attn_bench names its cases
+CORE = "attention_core"  # the attention core alone (Q, K, V in), timed beside PyTorch's SDPA
 
 
 def group_function(group):
@@ -115,11 +116,11 @@ def spread(ms):
     return 100 * (max(ms) - min(ms)) / median(ms)
 
 
-def fused_summary(doc, groups):
+def fused_summary(doc, groups, function=LAYER):
     out = ["| problem | model | roofline ms | best variant | ms | x roofline | best peer | ms | "
            "speedup vs best peer |", "|---|---|---|---|---|---|---|---|---|"]
     for p in doc["problems"]:
-        group = groups.get((LAYER, p["name"]))
+        group = groups.get((function, p["name"]))
         if not group:
             continue
         impl, ms = best_variant(group)
@@ -219,6 +220,15 @@ def markdown(doc):
     for p in doc["problems"]:
         if (LAYER, p["name"]) in groups:
             out += fused_detail(p, groups[(LAYER, p["name"])])
+    if any(function == CORE for function, _ in groups):
+        out += ["## Attention core alone: summary", "",
+                "Q, K and V in, the context out (q = k = v = the problem's x), beside PyTorch's "
+                "scaled_dot_product_attention on the same head views.", ""]
+        out += fused_summary(doc, groups, CORE)
+        out += ["", "## Attention core alone: every variant and peer", ""]
+        for p in doc["problems"]:
+            if (CORE, p["name"]) in groups:
+                out += fused_detail(p, groups[(CORE, p["name"])])
     out += autotuned_section(doc, groups)
     out += stages_section(doc, groups)
     return "\n".join(out) + "\n"

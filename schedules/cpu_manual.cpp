@@ -196,8 +196,7 @@ namespace {
 // running context. A block's scores and exponentials are query_block × key_block floats
 // (on the stack), in L2 whatever S is. The projections of K and V compute each batch's
 // rows only up to the last key some query may see (attn_gen::Linear::row).
-void schedule_flash_core(attn_gen::AttentionLayer l, const CpuTiling &t, const Target &target) {
-    attn_gen::FlashAttention &f = l.flash;
+void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTiling &t, const Target &target) {
     const int vw = vector_width(target);
     const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch, &j = dims.key;
     const Var &qi = dims.query_in_block, &kl = dims.key_in_chunk;
@@ -212,7 +211,7 @@ void schedule_flash_core(attn_gen::AttentionLayer l, const CpuTiling &t, const T
         .parallel(head_batch)
         .vectorize(e, vw, kGuard);
     LoopLevel pair(f.ctx, head_batch), rows(f.ctx, io);
-    l.key_end.compute_root();
+    key_end.compute_root();
     f.keys.compute_at(pair).vectorize(j, vw, kGuard);
     f.values.compute_at(pair).vectorize(e, vw, kGuard);
     f.key_is_real.compute_at(pair).vectorize(j, vw, kGuard);
@@ -272,10 +271,22 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
         schedule_dot_rows(l.scores, rows, t, target);
         schedule_softmax_rows(l.softmax, rows, false, target);
     } else {
-        schedule_flash_core(l, t, target);
+        schedule_flash_core(l.flash, l.key_end, t, target);
     }
     if (l.packed.defined()) schedule_packed_sequences(l.packed, target);
     schedule_output(l.output, t, target);
+}
+
+void schedule_attention_core_cpu(attn_gen::FlashAttention flash, Func key_end, Func out, const CpuTiling &t,
+                                 const Target &target) {
+    schedule_flash_core(flash, key_end, t, target);
+    // The context is the core's internal Func (its blocks round the rows up); the output
+    // copies it, a pass over B·S_q·H floats against the core's O(S_q·S_k·H).
+    Var head_batch{"head_batch"};
+    out.compute_root()
+        .fuse(dims.head, dims.batch, head_batch)
+        .parallel(head_batch)
+        .vectorize(dims.head_dim, vector_width(target), kGuard);
 }
 
 }  // namespace attn_sched

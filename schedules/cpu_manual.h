@@ -48,5 +48,9 @@ void schedule_output_layernorm_cpu(attn_gen::OutputLayerNorm output, const CpuTi
                                    const Halide::Target &target);
 void schedule_attention_layer_cpu(attn_gen::AttentionLayer layer, bool probs_are_output, const CpuTiling &tiling,
                                   const Halide::Target &target);
+// The attention core alone: the flash core, key_end (each batch's last real key) and `out`,
+// the generator's copy of its context.
+void schedule_attention_core_cpu(attn_gen::FlashAttention flash, Halide::Func key_end, Halide::Func out,
+                                 const CpuTiling &tiling, const Halide::Target &target);
 
 }  // namespace attn_sched

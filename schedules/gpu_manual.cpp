@@ -346,6 +346,12 @@ void schedule_flash_core(attn_gen::FlashAttention f) {
     threads(f.block_context, e, qi, step);
 }
 
+// Each batch's last real key: a block per batch, one thread scanning its mask.
+void schedule_key_end(Func key_end) {
+    key_end.compute_root().gpu_blocks(dims.batch);
+    key_end.update().gpu_blocks(dims.batch);
+}
+
 }  // namespace
 
 void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_output) {
@@ -356,10 +362,7 @@ void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_out
         schedule_masked_softmax_gpu(l.softmax);
         schedule_weighted_sum_gpu(l.context);
     } else {
-        if (!l.packed.defined()) {  // packed: key_end is each sequence's length, two loads inlined
-            l.key_end.compute_root().gpu_blocks(dims.batch);  // a block per batch, one thread scanning its mask
-            l.key_end.update().gpu_blocks(dims.batch);
-        }
+        if (!l.packed.defined()) schedule_key_end(l.key_end);  // packed: each sequence's length, two loads inlined
         schedule_flash_core(l.flash);
     }
     if (l.packed.defined()) {
@@ -373,6 +376,15 @@ void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_out
                                                                   kGuard);
     }
     schedule_output_layernorm_gpu(l.output);
+}
+
+void schedule_attention_core_gpu(attn_gen::FlashAttention flash, Func key_end, Func out) {
+    schedule_key_end(key_end);
+    schedule_flash_core(flash);
+    // The output copies the core's context: lanes along the features (head_dim, head).
+    const Var &e = dims.head_dim, &h = dims.head, &i = dims.query;
+    Var feature{"feature"}, fo{"fo"}, fi{"fi"}, io{"io"}, ii{"ii"};
+    out.compute_root().fuse(e, h, feature).gpu_tile(feature, i, fo, io, fi, ii, kLanes, kRowThreads, kGuard);
 }
 
 }  // namespace attn_sched

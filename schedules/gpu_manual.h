@@ -18,8 +18,9 @@
 //   memory, so no S×S buffer exists in global memory and memory stays O(S).
 //
 // Checked against the reference on an H100 (tools/gpu_machine.sh test) and, in CI, on
-// OpenCL (PoCL). Shared memory is not checked at build time: Halide 21 launches with at
-// most 48 KB per block, which PoCL does not enforce.
+// OpenCL (PoCL). Every kernel fits the shared memory of a block (manifest.json:
+// gpu_shared_memory_per_block), checked at build time where Halide bounds it and by the
+// tests' OpenCL device at run time (README, "Shared memory").
 #pragma once
 
 #include "../algorithm/attention_algorithm.h"
@@ -32,5 +33,8 @@ void schedule_masked_softmax_gpu(attn_gen::MaskedSoftmax softmax);
 void schedule_weighted_sum_gpu(attn_gen::WeightedSum context);
 void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm output);
 void schedule_attention_layer_gpu(attn_gen::AttentionLayer layer, bool probs_are_output);
+// The attention core alone: the flash core, key_end (each batch's last real key) and `out`,
+// the generator's copy of its context.
+void schedule_attention_core_gpu(attn_gen::FlashAttention flash, Halide::Func key_end, Halide::Func out);
 
 }  // namespace attn_sched

@@ -197,6 +197,25 @@ std::vector<BadCall> bad_calls() {
                                   view(ctx, {2, 5, 32}));
              (void)y;
          }},
+        {"core_v_wrong_length", "v", "expected shape [2, 7, 64] [B, S_k, H], got [2, 5, 64]",
+         [](D &d, Y &y) {
+             std::vector<float> k(2 * 7 * 64), v(640);
+             stages::attention_core(select_variant(), d.problem.config(), view(d.x, {2, 5, 64}), view(k, {2, 7, 64}),
+                                    view(v, {2, 5, 64}), {}, {}, y_of(d, y));
+         }},
+        {"core_mask_wrong_shape", "key_padding_mask", "expected shape [2, 5] [B, S_k], got [5, 2]",
+         [](D &d, Y &y) {
+             std::vector<uint8_t> mask(10, 1);
+             stages::attention_core(select_variant(), d.problem.config(), view(d.x, {2, 5, 64}), view(d.x, {2, 5, 64}),
+                                    view(d.x, {2, 5, 64}), view(mask, {5, 2}), {}, y_of(d, y));
+         }},
+        {"core_ctx_overlaps_q", "ctx", "must not overlap an input buffer",
+         [](D &d, Y &y) {
+             std::vector<float> k(640);
+             stages::attention_core(select_variant(), d.problem.config(), view(d.x, {2, 5, 64}), view(k, {2, 5, 64}),
+                                    view(k, {2, 5, 64}), {}, {}, {d.x.data(), d.x.size(), {2, 5, 64}});
+             (void)y;
+         }},
     };
 }
 

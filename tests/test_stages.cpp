@@ -110,6 +110,21 @@ TEST_P(StageTest, WeightedSum) {
                              reference::weighted_sum(config(), sizes_, probs, v));
 }
 
+// The three stages above in one pass (the flash core), from the same q, k and v, with the
+// problem's mask, bias and causality.
+TEST_P(StageTest, AttentionCore) {
+    const std::vector<float> &q = ref_->float32.q, &k = ref_->float32.k, &v = ref_->float32.v;
+    const AttentionInputs in = data_->inputs();
+    GuardedOutput ctx(q_shape());
+    ATTN_RUN_OR_REFUSE(variant(), "attention_core",
+                       stages::attention_core(variant(), config(), view_of(q, q_shape()), view_of(k, kv_shape()),
+                                              view_of(v, kv_shape()), in.key_padding_mask, in.bias, ctx.view()));
+    const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
+    expect_matches_reference("ctx", ctx,
+                             reference::attention_core(config(), sizes_, qd, kd, vd, in.key_padding_mask, in.bias),
+                             reference::attention_core(config(), sizes_, q, k, v, in.key_padding_mask, in.bias));
+}
+
 TEST_P(StageTest, OutputLayerNorm) {
     const std::vector<float> &ctx = ref_->float32.ctx;
     const AttentionInputs in = data_->inputs();

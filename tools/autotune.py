@@ -3,8 +3,8 @@
 freezes the fastest.
 
 The search space for a function of manifest.json (its winner also serves the other
-functions of its generator: tuning attention_layer tunes attention_layer_probs and the packed
-functions):
+functions of its generator and those tuned_with it: tuning attention_layer tunes
+attention_layer_probs, the packed functions and attention_core):
 
   - the hand-written schedule's own parameters (manifest.json: manual_parameters; only
     those the function uses);
@@ -123,7 +123,7 @@ def manual_candidates(function):
 def autoscheduler_candidates(source, function, isa):
     sweep = {k: list(v) for k, v in SWEEPS[source].items()}
     fused_only = MANIFEST.sources[source].get("fused_layer_params", {})
-    layer = MANIFEST.function(function)["generator"] == manifest_lib.LAYER_GENERATOR
+    layer = MANIFEST.fused(function)
     for k, v in MANIFEST.autoscheduler_params(source, isa, function).items():  # the manifest's value first
         value = int(v) if v.isdigit() else v
         # A fused-layer setting is a limit, not a default: Adams2019 at beam 32 exhausts
@@ -362,7 +362,8 @@ class Tuner:
         return winner, vs, fastest, provenance
 
     def freeze(self, won):
-        """Writes every function of the tuned generator: one entry per class, or one for
+        """Writes every function the tuned generator's parameters serve (manifest.py,
+        functions_tuned_with): one entry per class, or one for
         several classes whose winners are the same parameters. `won`: (class, winner, provenance)."""
         entries = []
         for shape_class, winner, provenance in won:
@@ -375,7 +376,7 @@ class Tuner:
                                 "winner": {"source": winner["source"], "params": winner["params"]},
                                 "provenance": provenance})
         AUTOTUNED.joinpath(self.args.isa).mkdir(parents=True, exist_ok=True)
-        for function in MANIFEST.functions_of_generator(self.generator):
+        for function in MANIFEST.functions_tuned_with(self.generator):
             uses = MANIFEST.function(function)["manual_parameters"]
             classes = [{"shape_classes": e["shape_classes"], "winner": e["winner"],
                         "generator_params": ["schedule=manual"] + [f"{k}={v}" for k, v in e["winner"]["params"].items()

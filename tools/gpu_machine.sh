@@ -18,8 +18,10 @@
 #                                      AVX-512 (SCOPE avx512), or both (all, the default)
 #   tools/gpu_machine.sh bench PART    there: the interleaved comparison, PART one of
 #                                      layer-short (fused layer, S <= 512), layer-long
-#                                      (S >= 2048), stages (each stage alone), cpu (the
-#                                      AVX-512 variants beside AVX2 and the CPU peers)
+#                                      (S >= 2048), stages (each stage alone), core (the
+#                                      attention core alone beside PyTorch's SDPA, every
+#                                      length), cpu (the AVX-512 variants beside AVX2 and
+#                                      the CPU peers)
 #
 # Results go to bench/results/gpu/ (or --out DIR, given first): machine.txt, test logs,
 # and each part's comparison.{json,md}.
@@ -98,12 +100,13 @@ bench)
   case "$part" in
   layer-short) "${compare[@]}" --device cuda --filter "^attention_layer/" --exclude "$long" "$@" ;;
   layer-long) "${compare[@]}" --device cuda --filter "^attention_layer/.*$long" "$@" ;;
-  stages) "${compare[@]}" --device cuda --exclude "^attention_layer/" "$@" ;;
+  stages) "${compare[@]}" --device cuda --exclude "^attention_(layer|core)/" "$@" ;;
+  core) "${compare[@]}" --device cuda --filter "^attention_core/" "$@" ;;
   cpu)
     has_avx512 || { echo "bench cpu: this CPU has no AVX-512" >&2; exit 1; }
     "${compare[@]}" --device cpu --filter "^attention_layer/" --exclude "$long|/(mullapudi2016|adams2019|li2018)_" "$@"
     ;;
-  *) echo "usage: tools/gpu_machine.sh [--out DIR] bench layer-short|layer-long|stages|cpu [compare.py options]" >&2
+  *) echo "usage: tools/gpu_machine.sh [--out DIR] bench layer-short|layer-long|stages|core|cpu [compare.py options]" >&2
      exit 2 ;;
   esac
   ;;

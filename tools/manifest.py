@@ -39,7 +39,10 @@ class Manifest:
                 for f in functions:
                     if f not in self.functions:
                         raise ValueError(f"manifest.json: {source['name']}: not_provided names unknown function {f!r}")
+        generators = {f["generator"] for f in self.functions.values()}
         for f in self.functions.values():
+            if f.get("tuned_with", f["generator"]) not in generators:
+                raise ValueError(f"manifest.json: {f['name']}: tuned_with names unknown generator {f['tuned_with']!r}")
             for p in f["manual_parameters"]:
                 if p not in self.manual_parameters:
                     raise ValueError(f"manifest.json: {f['name']}: unknown manual parameter {p!r}")
@@ -53,6 +56,17 @@ class Manifest:
 
     def functions_of_generator(self, generator):
         return [name for name, f in self.functions.items() if f["generator"] == generator]
+
+    def functions_tuned_with(self, generator):
+        """The functions a tuning of the generator's parameters serves: its own, and those of
+        other generators that run the same schedule code (tuned_with)."""
+        return [name for name, f in self.functions.items() if f.get("tuned_with", f["generator"]) == generator]
+
+    def fused(self, function):
+        """Whether the function is of the fused layer's family: the layer generator's functions
+        and those tuned with it (attention_core, its flash core alone), which share the
+        autoscheduler limits of fused_layer_params."""
+        return function in self.functions_tuned_with(LAYER_GENERATOR)
 
     def packed_twin(self, function):
         """The function of the same generator and params computing packed sequences, or None."""
@@ -89,7 +103,7 @@ class Manifest:
         """key=value parameters of the source's autoscheduler on the ISA's device, for the function."""
         s = self.sources[source]
         params = dict(s.get("autoscheduler_params", {}).get("gpu" if self.is_gpu(isa) else "cpu", {}))
-        if self.functions[function]["generator"] == LAYER_GENERATOR:
+        if self.fused(function):
             params.update(s.get("fused_layer_params", {}))
         return params
 

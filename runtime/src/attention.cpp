@@ -659,6 +659,19 @@ void Attention::forward_unpadded(const AttentionInputs &in, MutableTensor y) con
 }
 
 namespace stages {
+namespace {
+
+// The config, q [B, S_q, H] and k [B, S_k, H] of a stage that attends: q's shape, and S_k.
+std::pair<Shape, int64_t> check_queries_and_keys(const Config &config, const ConstTensor &q, const ConstTensor &k) {
+    check_config(config);
+    const Shape &qs = check_rank("q", q, 3, "[B, S_q, H]");
+    check_tensor("q", q, {qs[0], qs[1], config.hidden_size}, "[B, S_q, H]");
+    const int64_t s_k = check_rank("k", k, 3, "[B, S_k, H]")[1];
+    check_tensor("k", k, {qs[0], s_k, config.hidden_size}, "[B, S_k, H]");
+    return {qs, s_k};
+}
+
+}  // namespace
 
 void qkv_projection(const VariantInfo &variant, const Config &config, ConstTensor x_q, ConstTensor x_kv,
                     const LayerWeights &weights, MutableTensor q, MutableTensor k, MutableTensor v) {
@@ -691,12 +704,8 @@ void qkv_projection(const VariantInfo &variant, const Config &config, ConstTenso
 void attention_scores(const VariantInfo &variant, const Config &config, ConstTensor q, ConstTensor k, ConstTensor bias,
                       MutableTensor scores) {
     detail::runnable_functions(variant);
-    check_config(config);
     const int64_t hidden = config.hidden_size, heads = config.num_heads;
-    const Shape &qs = check_rank("q", q, 3, "[B, S_q, H]");
-    check_tensor("q", q, {qs[0], qs[1], hidden}, "[B, S_q, H]");
-    const int64_t s_k = check_rank("k", k, 3, "[B, S_k, H]")[1];
-    check_tensor("k", k, {qs[0], s_k, hidden}, "[B, S_k, H]");
+    const auto [qs, s_k] = check_queries_and_keys(config, q, k);
     check_tensor("scores", scores, {qs[0], heads, qs[1], s_k}, "[B, heads, S_q, S_k]");
     prepare_halide(variant);
     BiasArgument b;
@@ -747,6 +756,35 @@ void weighted_sum(const VariantInfo &variant, const Config &config, ConstTensor 
     const ProblemExtents call = extents(p[0], p[2], p[3], heads, hidden);
     run_pipeline("weighted_sum", variant, call, [&](CallBuffers &c, detail::Arguments &a) {
         a.buffer("probs", c.input("probs", p_buf, probs.memory)).buffer("v", c.input("v", v_buf, v.memory));
+        a.buffer("ctx", c.output("ctx", ctx_buf, ctx.memory));
+    });
+}
+
+void attention_core(const VariantInfo &variant, const Config &config, ConstTensor q, ConstTensor k, ConstTensor v,
+                    MaskTensor key_padding_mask, ConstTensor bias, MutableTensor ctx) {
+    detail::runnable_functions(variant);
+    const int64_t hidden = config.hidden_size, heads = config.num_heads;
+    const auto [qs, s_k] = check_queries_and_keys(config, q, k);
+    check_tensor("v", v, {qs[0], s_k, hidden}, "[B, S_k, H]");
+    check_tensor("ctx", ctx, {qs[0], qs[1], hidden}, "[B, S_q, H]");
+    for (const ConstTensor *input : {&q, &k, &v, &bias}) {
+        if (overlaps(ctx, *input)) throw Error("ctx", "must not overlap an input buffer");
+    }
+    if (overlaps(ctx, key_padding_mask)) throw Error("ctx", "must not overlap an input buffer");
+    prepare_halide(variant);
+    const halide_device_interface_t *gpu = detail::device_interface(variant.device);
+    MaskArgument mask;
+    make_mask(mask, key_padding_mask, qs[0], s_k, gpu);
+    BiasArgument b;
+    make_bias(b, bias, qs[0], heads, qs[1], s_k, gpu);
+    auto q_buf = halide_view(q), k_buf = halide_view(k), v_buf = halide_view(v);
+    auto ctx_buf = head_view(ctx, heads);
+    const ProblemExtents call = extents(qs[0], qs[1], s_k, heads, hidden);
+    run_pipeline("attention_core", variant, call, [&](CallBuffers &c, detail::Arguments &a) {
+        a.buffer("q", c.input("q", q_buf, q.memory)).buffer("k", c.input("k", k_buf, k.memory));
+        a.buffer("v", c.input("v", v_buf, v.memory)).buffer("bias", placed_or_input(c, "bias", b));
+        a.buffer("key_padding_mask", placed_or_input(c, "key_padding_mask", mask));
+        a.scalar("causal", config.causal).scalar("heads", int32_t(heads));
         a.buffer("ctx", c.output("ctx", ctx_buf, ctx.memory));
     });
 }

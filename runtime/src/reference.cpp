@@ -97,6 +97,13 @@ std::vector<T> weighted_sum(const Config &config, Sizes sz, const std::vector<T>
 }
 
 template <typename T>
+std::vector<T> attention_core(const Config &config, Sizes sz, const std::vector<T> &q, const std::vector<T> &k,
+                              const std::vector<T> &v, const MaskTensor &key_padding_mask, const ConstTensor &bias) {
+    return weighted_sum(config, sz,
+                        masked_softmax(config, sz, attention_scores(config, sz, q, k, bias), key_padding_mask), v);
+}
+
+template <typename T>
 std::vector<T> output_layernorm(const Config &config, Sizes sz, const std::vector<T> &ctx, const std::vector<T> &x,
                                 const LayerWeights &w) {
     const int64_t H = config.hidden_size, rows = sz.batch * sz.s_q;
@@ -165,9 +172,11 @@ PackedOutputs<T> attention_layer_packed(const Config &config, const LayerWeights
                                              const ConstTensor &);                                                  \
     template std::vector<T> masked_softmax(const Config &, Sizes, const std::vector<T> &, const MaskTensor &);      \
     template std::vector<T> weighted_sum(const Config &, Sizes, const std::vector<T> &, const std::vector<T> &);    \
+    template std::vector<T> attention_core(const Config &, Sizes, const std::vector<T> &, const std::vector<T> &,   \
+                                           const std::vector<T> &, const MaskTensor &, const ConstTensor &);        \
     template std::vector<T> output_layernorm(const Config &, Sizes, const std::vector<T> &, const std::vector<T> &, \
                                              const LayerWeights &);                                                 \
-    template LayerOutputs<T> attention_layer(const Config &, const LayerWeights &, const AttentionInputs &);      \
+    template LayerOutputs<T> attention_layer(const Config &, const LayerWeights &, const AttentionInputs &);        \
     template PackedOutputs<T> attention_layer_packed(const Config &, const LayerWeights &, const PackedInputs &);
 ATTN_INSTANTIATE(float)
 ATTN_INSTANTIATE(double)

@@ -148,7 +148,8 @@ struct VariantInfo {
     std::string target;    // the Halide target it was compiled for
     std::string device;    // "cpu", "cuda" or "opencl"
     // The AOT functions it provides: qkv_projection, attention_scores, masked_softmax,
-    // weighted_sum, output_layernorm (the stages), attention_layer and
+    // weighted_sum, output_layernorm (the stages), attention_core (scores, softmax and
+    // weighted sum fused), attention_layer and
     // attention_layer_probs (the fused layer, without and with the probabilities), and
     // attention_layer_packed and attention_layer_packed_probs (the same over packed sequences).
     std::vector<std::string> functions;
@@ -232,6 +233,15 @@ void weighted_sum(const VariantInfo &variant, const Config &config, ConstTensor 
                   MutableTensor ctx);
 void output_layernorm(const VariantInfo &variant, const Config &config, ConstTensor ctx, ConstTensor x,
                       const LayerWeights &weights, MutableTensor y);
+
+// The attention core alone: attention_scores, masked_softmax and weighted_sum fused into
+// one pass over the keys (the fused layer's flash core: no [S_q, S_k] buffer, memory O(S)),
+// what torch.nn.functional.scaled_dot_product_attention computes on the head views of q,
+// k and v. q [B, S_q, H], k and v [B, S_k, H], heads interleaved as the projections write
+// them; key_padding_mask [B, S_k] (empty: every key is real); bias as AttentionInputs::bias
+// (empty: none); config.causal; ctx [B, S_q, H], which must not overlap the inputs.
+void attention_core(const VariantInfo &variant, const Config &config, ConstTensor q, ConstTensor k, ConstTensor v,
+                    MaskTensor key_padding_mask, ConstTensor bias, MutableTensor ctx);
 }  // namespace stages
 
 }  // namespace attn

@@ -38,6 +38,11 @@ std::vector<T> masked_softmax(const Config &config, Sizes sizes, const std::vect
 template <typename T>
 std::vector<T> weighted_sum(const Config &config, Sizes sizes, const std::vector<T> &probs, const std::vector<T> &v);
 
+// [B, S_q, H]: the three above in sequence, what stages::attention_core computes in one.
+template <typename T>
+std::vector<T> attention_core(const Config &config, Sizes sizes, const std::vector<T> &q, const std::vector<T> &k,
+                              const std::vector<T> &v, const MaskTensor &key_padding_mask, const ConstTensor &bias);
+
 // LayerNorm(x + ctx·W_oᵀ + b_o) over [B, S, H] (S = sizes.s_q).
 template <typename T>
 std::vector<T> output_layernorm(const Config &config, Sizes sizes, const std::vector<T> &ctx, const std::vector<T> &x,
