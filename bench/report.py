@@ -213,13 +213,14 @@ def markdown(doc):
            "the rounds; \"spread %\" is (max - min) / median over them. Ratios are paired (taken within each "
            "round): median [confidence interval of the median, at least 90%]; ≈ marks a ratio whose interval "
            "contains 1 (within this machine's noise). "
-           f"Command: `{c.get('command', '?')}`.", "",
-           "## Fused layer: summary", ""]
-    out += fused_summary(doc, groups)
-    out += ["", "## Fused layer: every variant and peer", ""]
-    for p in doc["problems"]:
-        if (LAYER, p["name"]) in groups:
-            out += fused_detail(p, groups[(LAYER, p["name"])])
+           f"Command: `{c.get('command', '?')}`.", ""]
+    if any(function == LAYER for function, _ in groups):
+        out += ["## Fused layer: summary", ""]
+        out += fused_summary(doc, groups)
+        out += ["", "## Fused layer: every variant and peer", ""]
+        for p in doc["problems"]:
+            if (LAYER, p["name"]) in groups:
+                out += fused_detail(p, groups[(LAYER, p["name"])])
     if any(function == CORE for function, _ in groups):
         out += ["## Attention core alone: summary", "",
                 "Q, K and V in, the context out (q = k = v = the problem's x), beside PyTorch's "
@@ -235,6 +236,9 @@ def markdown(doc):
 
 
 def chart(doc, path):
+    """The fused layer's times by problem (nothing when the fused layer was not timed)."""
+    if not any(group_function(g) == LAYER for g in doc["groups"]):
+        return
     import matplotlib
 
     matplotlib.use("Agg")
