@@ -134,11 +134,9 @@ std::string measure(const VariantInfo &own, const std::string &function) {
     corner.head_dim = std::max(m.head_dim, (m.hidden + m.heads - 1) / m.heads);
     if (!runs(own, function, corner)) return "";
     std::string json;
-    const std::pair<const char *, int64_t> dimensions[] = {{"batch", m.batch},       {"seq_q", m.seq_q},
-                                                           {"seq_k", m.seq_k},       {"heads", m.heads},
-                                                           {"head_dim", m.head_dim}, {"hidden", m.hidden}};
-    for (const auto &[name, value] : dimensions) {
-        if (value > 1) json += std::string(json.empty() ? "" : ", ") + "\"" + name + "\": " + std::to_string(value);
+    for (const ProblemDimension &d : kProblemDimensions) {
+        const int64_t value = m.*d.extent;
+        if (value > 1) json += std::string(json.empty() ? "" : ", ") + "\"" + d.name + "\": " + std::to_string(value);
     }
     return "{" + json + "}";
 }

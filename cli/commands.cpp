@@ -41,8 +41,7 @@ std::vector<std::string> read_tokens(const std::string &path) {
 nlohmann::json min_shapes_json(const VariantInfo &v) {
     nlohmann::json shapes = nlohmann::json::object();
     for (const auto &[function, m] : v.min_shapes) {
-        shapes[function] = {{"batch", m.batch}, {"seq_q", m.seq_q},       {"seq_k", m.seq_k},
-                            {"heads", m.heads}, {"head_dim", m.head_dim}, {"hidden", m.hidden}};
+        for (const ProblemDimension &d : kProblemDimensions) shapes[function][d.name] = m.*d.extent;
     }
     return shapes;
 }

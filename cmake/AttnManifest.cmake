@@ -84,7 +84,8 @@ foreach (i RANGE ${last})
     _attn_json_items(ATTN_FUNCTION_${f}_MANUAL_PARAMETERS "${ATTN_MANIFEST}" functions ${i} manual_parameters)
 endforeach ()
 
-# The dimensions a schedule source's min_shapes may bound, in attn::ProblemExtents' order.
+# The dimensions a schedule source's min_shapes may bound, in attn::kProblemDimensions'
+# order (the test Manifest.MinShapeDimensionsAreTheRuntimes compares them).
 set(ATTN_MIN_SHAPE_DIMENSIONS batch seq_q seq_k heads head_dim hidden)
 
 set(ATTN_SOURCES "")
@@ -280,6 +281,9 @@ foreach (s IN LISTS ATTN_SOURCES)
     endforeach ()
 endforeach ()
 
+list(TRANSFORM ATTN_MIN_SHAPE_DIMENSIONS PREPEND "\"" OUTPUT_VARIABLE min_shape_dimensions)
+list(TRANSFORM min_shape_dimensions APPEND "\"")
+list(JOIN min_shape_dimensions ", " min_shape_dimensions)
 set(min_shape_rows "")
 foreach (row IN LISTS ATTN_MIN_SHAPE_ROWS)
     string(REPLACE " " ";" fields "${row}")
@@ -310,6 +314,7 @@ file(CONFIGURE OUTPUT "${ATTN_GENERATED_DIR}/attn/generated/manifest.h" CONTENT
 // Lists of names are space-separated; generator params are comma-separated key=value.
 #pragma once
 
+#include <iterator>
 #include <string_view>
 
 namespace attn::manifest {
@@ -341,9 +346,10 @@ inline constexpr ScheduleSource kScheduleSources[] = {
 // The smallest extents a source's own kernels of a function run on an ISA (min_shapes;
 // an ISA with frozen_schedules_of inherits them); below them, a call runs the ISA's
 // hand-written variant. Every other (source, ISA, function) runs every shape.
+inline constexpr const char *kMinShapeDimensions[] = {@min_shape_dimensions@};
 struct MinShape {
     const char *source, *isa, *function;
-    long long extents[6];  // batch, seq_q, seq_k, heads, head_dim, hidden
+    long long extents[std::size(kMinShapeDimensions)];  // by kMinShapeDimensions (attn::kProblemDimensions)
 };
 inline constexpr MinShape kMinShapes[] = {
 @min_shape_rows@    {nullptr, nullptr, nullptr, {}}};

@@ -71,6 +71,14 @@ TEST(Manifest, EachVariantHasTheFunctionsItsSourceProvides) {
 // min_shapes: the fallback is the same device's hand-written variant, providing every
 // function the variant provides; a call takes the variant's own kernels exactly when no
 // extent is below the minimum.
+// The min_shapes rows CMake writes are read into ProblemExtents by position.
+TEST(Manifest, MinShapeDimensionsAreTheRuntimes) {
+    ASSERT_EQ(std::size(manifest::kMinShapeDimensions), std::size(kProblemDimensions));
+    for (std::size_t d = 0; d < std::size(kProblemDimensions); ++d) {
+        EXPECT_STREQ(manifest::kMinShapeDimensions[d], kProblemDimensions[d].name);
+    }
+}
+
 TEST(Manifest, AVariantWithMinShapesFallsBackToTheHandWrittenVariantBelowThem) {
     int bounded = 0;
     for (const VariantInfo &v : variants()) {
@@ -88,10 +96,8 @@ TEST(Manifest, AVariantWithMinShapesFallsBackToTheHandWrittenVariantBelowThem) {
             ++bounded;
             EXPECT_TRUE(provides(*fallback, function)) << v.fallback << " " << function;
             EXPECT_TRUE(v.runs_own_kernels(function, m)) << v.name << " " << function;
-            int64_t ProblemExtents::*const dimensions[] = {&ProblemExtents::batch,    &ProblemExtents::seq_q,
-                                                           &ProblemExtents::seq_k,    &ProblemExtents::heads,
-                                                           &ProblemExtents::head_dim, &ProblemExtents::hidden};
-            for (int64_t ProblemExtents::*d : dimensions) {
+            for (const ProblemDimension &dimension : kProblemDimensions) {
+                int64_t ProblemExtents::*d = dimension.extent;
                 ProblemExtents above = m, below = m;
                 above.*d += 1000;
                 EXPECT_TRUE(v.runs_own_kernels(function, above)) << v.name << " " << function;

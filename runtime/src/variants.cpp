@@ -52,8 +52,9 @@ Entry make_entry(const std::string &schedule, const std::string &isa, detail::Fu
     }
     for (const manifest::MinShape &m : manifest::kMinShapes) {
         if (!m.source || schedule != m.source || isa != m.isa) continue;
-        const long long *x = m.extents;
-        e.info.min_shapes[m.function] = {x[0], x[1], x[2], x[3], x[4], x[5]};
+        ProblemExtents &bound = e.info.min_shapes[m.function];
+        for (std::size_t d = 0; d < std::size(kProblemDimensions); ++d)
+            bound.*kProblemDimensions[d].extent = m.extents[d];
     }
     if (!e.info.min_shapes.empty()) {
         for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
@@ -122,9 +123,8 @@ const std::vector<VariantInfo> &variants() {
 bool VariantInfo::runs_own_kernels(const std::string &function, const ProblemExtents &call) const {
     const auto found = min_shapes.find(function);
     if (found == min_shapes.end()) return true;
-    const ProblemExtents &m = found->second;
-    return call.batch >= m.batch && call.seq_q >= m.seq_q && call.seq_k >= m.seq_k && call.heads >= m.heads &&
-           call.head_dim >= m.head_dim && call.hidden >= m.hidden;
+    return std::all_of(std::begin(kProblemDimensions), std::end(kProblemDimensions),
+                       [&](const ProblemDimension &d) { return call.*d.extent >= found->second.*d.extent; });
 }
 
 // The runnable variant of the highest ISA dispatch rank, then of the highest schedule

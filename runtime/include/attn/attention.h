@@ -139,6 +139,14 @@ void unpack(ConstTensor packed, OffsetTensor sequence_offsets, MutableTensor pad
 struct ProblemExtents {
     int64_t batch = 1, seq_q = 1, seq_k = 1, heads = 1, head_dim = 1, hidden = 1;
 };
+// Its dimensions by name, as manifest.json's min_shapes names them, in this order.
+struct ProblemDimension {
+    const char *name;
+    int64_t ProblemExtents::*extent;
+};
+inline constexpr ProblemDimension kProblemDimensions[] = {
+    {"batch", &ProblemExtents::batch}, {"seq_q", &ProblemExtents::seq_q},       {"seq_k", &ProblemExtents::seq_k},
+    {"heads", &ProblemExtents::heads}, {"head_dim", &ProblemExtents::head_dim}, {"hidden", &ProblemExtents::hidden}};
 
 // A variant: one ISA's build with one schedule source (the project's manifest.json).
 struct VariantInfo {
