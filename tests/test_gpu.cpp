@@ -30,6 +30,15 @@ std::vector<VariantInfo> gpu_variants(const std::string &device) {
     return found;
 }
 
+// Why a test of the GPU variants ran none: none built (a subset build), or none can run.
+std::string why_no_gpu_variant_ran() {
+    std::string why;
+    for (const VariantInfo &v : variants()) {
+        if (v.device != "cpu") why += (why.empty() ? "" : "; ") + v.name + ": " + v.not_runnable_reason;
+    }
+    return why.empty() ? "no GPU variant in this build (ATTN_ONLY_VARIANTS)" : "no GPU variant runs here (" + why + ")";
+}
+
 TEST(Gpu, RunnableOnlyWithADriverAndADevice) {
     for (const VariantInfo &v : variants()) {
         if (v.device == "cpu") continue;
@@ -94,7 +103,7 @@ TEST(Gpu, RepeatedCallsReuseTheWeightsOnTheDevice) {
             expect_matches_reference(v.name.c_str(), y, exact.y, plain.y);
         }
     }
-    if (!ran) GTEST_SKIP() << "no GPU variant runs here (no CUDA device, no OpenCL device)";
+    if (!ran) GTEST_SKIP() << why_no_gpu_variant_ran();
 }
 
 // After the first call, a call uploads only the inputs it was given in host memory: the
@@ -115,7 +124,7 @@ TEST(Gpu, LaterCallsUploadOnlyTheHostInputsGiven) {
         layer.forward(data.inputs(), y.view());
         EXPECT_EQ(detail::host_to_device_copies() - before, 1u) << v.name << ": x alone is new";
     }
-    if (!ran) GTEST_SKIP() << "no GPU variant runs here (no CUDA device, no OpenCL device)";
+    if (!ran) GTEST_SKIP() << why_no_gpu_variant_ran();
 }
 
 // The OpenCL device of these tests refuses a launch asking for more shared memory than a
@@ -147,7 +156,7 @@ TEST(Gpu, OpenCLLaunchesGetOnlyTheSharedMemoryOfAGpuBlock) {
         std::cout << "[   INFO   ] " << v.name << ", d = 128: at most " << after.largest
                   << " bytes of shared memory per block, of " << limit << "\n";
     }
-    if (!ran) GTEST_SKIP() << "no OpenCL device here";
+    if (!ran) GTEST_SKIP() << why_no_gpu_variant_ran();
 }
 
 // CUDA device memory in place: inputs and output on the device, the call queued,
