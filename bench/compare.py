@@ -201,8 +201,7 @@ def main():
         for peer in these_peers:
             if p["reference_checked"] and peer.checked and peer.function not in expected:
                 expected[peer.function] = peer.expected(p, data)
-            by_function.setdefault(peer.function, []).append(
-                PythonPeer(peer, p, data, expected.get(peer.function) if peer.checked else None))
+            by_function.setdefault(peer.function, []).append(PythonPeer(peer, p, data, expected.get(peer.function)))
         if not by_function:
             continue
         problems.append(p)

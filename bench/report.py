@@ -30,6 +30,10 @@ AUTOSCHEDULERS = tuple(_MANIFEST.autoschedulers())
 STAGES = tuple(_MANIFEST.stage_functions())  # each stage's function
 LAYER = "attention_layer"  # the fused layer's function, as attn_bench names its cases
 CORE = "attention_core"  # the attention core alone (Q, K, V in), timed beside PyTorch's SDPA
+# The functions with a summary and a per-problem section of their own: (function, title, intro).
+SECTIONS = ((LAYER, "Fused layer", None),
+            (CORE, "Attention core alone", "Q, K and V in, the context out (q = k = v = the problem's x), beside "
+                                           "PyTorch's scaled_dot_product_attention on the same head views."))
 
 
 def group_function(group):
@@ -116,7 +120,7 @@ def spread(ms):
     return 100 * (max(ms) - min(ms)) / median(ms)
 
 
-def fused_summary(doc, groups, function=LAYER):
+def summary_table(doc, groups, function):
     out = ["| problem | model | roofline ms | best variant | ms | x roofline | best peer | ms | "
            "speedup vs best peer |", "|---|---|---|---|---|---|---|---|---|"]
     for p in doc["problems"]:
@@ -134,7 +138,7 @@ def fused_summary(doc, groups, function=LAYER):
     return out
 
 
-def fused_detail(p, group):
+def detail_table(p, group):
     roof = roofline(group)
     peer, _ = best_peer(group)
     out = [f"### {p['name']} ({p['model']})", "",
@@ -214,22 +218,15 @@ def markdown(doc):
            "round): median [confidence interval of the median, at least 90%]; ≈ marks a ratio whose interval "
            "contains 1 (within this machine's noise). "
            f"Command: `{c.get('command', '?')}`.", ""]
-    if any(function == LAYER for function, _ in groups):
-        out += ["## Fused layer: summary", ""]
-        out += fused_summary(doc, groups)
-        out += ["", "## Fused layer: every variant and peer", ""]
+    for function, title, intro in SECTIONS:
+        if not any(f == function for f, _ in groups):
+            continue
+        out += [f"## {title}: summary", ""] + ([intro, ""] if intro else [])
+        out += summary_table(doc, groups, function)
+        out += ["", f"## {title}: every variant and peer", ""]
         for p in doc["problems"]:
-            if (LAYER, p["name"]) in groups:
-                out += fused_detail(p, groups[(LAYER, p["name"])])
-    if any(function == CORE for function, _ in groups):
-        out += ["## Attention core alone: summary", "",
-                "Q, K and V in, the context out (q = k = v = the problem's x), beside PyTorch's "
-                "scaled_dot_product_attention on the same head views.", ""]
-        out += fused_summary(doc, groups, CORE)
-        out += ["", "## Attention core alone: every variant and peer", ""]
-        for p in doc["problems"]:
-            if (CORE, p["name"]) in groups:
-                out += fused_detail(p, groups[(CORE, p["name"])])
+            if (function, p["name"]) in groups:
+                out += detail_table(p, groups[(function, p["name"])])
     out += autotuned_section(doc, groups)
     out += stages_section(doc, groups)
     return "\n".join(out) + "\n"

@@ -4,7 +4,6 @@
 
 #include <map>
 #include <optional>
-#include <set>
 #include <vector>
 
 namespace attn_gen {
@@ -62,23 +61,18 @@ private:
     // bounded (its own load taken as 0, the initial value), and the let by their maximum.
     Stmt visit(const Store *op) override {
         if (ends_with(op->name, ".shared_size")) {
-            std::optional<int64_t> &largest = largest_size_[op->name];
             const std::optional<int64_t> bound = upper_bound(resolved(ZeroLoadsOf(op->name).mutate(op->value)));
-            if (!bound) {
-                unbounded_sizes_.insert(op->name);
-            } else if (!largest || *bound > *largest) {
-                largest = bound;
-            }
+            const auto [largest, first] = largest_size_.try_emplace(op->name + "_var", bound);
+            if (!first) largest->second = largest->second && bound ? std::max(largest->second, bound) : std::nullopt;
         }
         return IRMutator::visit(op);
     }
 
     Stmt visit(const LetStmt *op) override {
-        const std::string array = op->name.substr(0, op->name.size() - std::string("_var").size());
-        if (!ends_with(op->name, ".shared_size_var") || unbounded_sizes_.count(array) || !largest_size_[array]) {
-            return visit_let(op);
-        }
-        ScopedBinding<Interval> bind(scope_, op->name, Interval(0, int(*largest_size_[array])));
+        const auto largest = largest_size_.find(op->name);
+        if (largest == largest_size_.end() || !largest->second) return visit_let(op);
+        ScopedBinding<Interval> bind(
+            scope_, op->name, Interval(make_zero(op->value.type()), make_const(op->value.type(), *largest->second)));
         return IRMutator::visit(op);
     }
 
@@ -170,10 +164,10 @@ private:
     static constexpr int64_t kAlignment = 16;
     std::string build_;
     int64_t limit_;
-    Scope<Interval> scope_;                                       // the enclosing lets' and loops' bounds
-    Scope<Expr> lets_;                                            // the enclosing lets' values
-    std::map<std::string, std::optional<int64_t>> largest_size_;  // per X.shared_size array
-    std::set<std::string> unbounded_sizes_;
+    Scope<Interval> scope_;  // the enclosing lets' and loops' bounds
+    Scope<Expr> lets_;       // the enclosing lets' values
+    // The bound of each let X.shared_size_var, from the stores to X.shared_size (none: unbounded).
+    std::map<std::string, std::optional<int64_t>> largest_size_;
     bool in_kernel_ = false;
     Kernel kernel_;
 };

@@ -767,10 +767,10 @@ void attention_core(const VariantInfo &variant, const Config &config, ConstTenso
     const auto [qs, s_k] = check_queries_and_keys(config, q, k);
     check_tensor("v", v, {qs[0], s_k, hidden}, "[B, S_k, H]");
     check_tensor("ctx", ctx, {qs[0], qs[1], hidden}, "[B, S_q, H]");
-    for (const ConstTensor *input : {&q, &k, &v, &bias}) {
-        if (overlaps(ctx, *input)) throw Error("ctx", "must not overlap an input buffer");
+    if (overlaps(ctx, q) || overlaps(ctx, k) || overlaps(ctx, v) || overlaps(ctx, bias) ||
+        overlaps(ctx, key_padding_mask)) {
+        throw Error("ctx", "must not overlap an input buffer");
     }
-    if (overlaps(ctx, key_padding_mask)) throw Error("ctx", "must not overlap an input buffer");
     prepare_halide(variant);
     const halide_device_interface_t *gpu = detail::device_interface(variant.device);
     MaskArgument mask;
