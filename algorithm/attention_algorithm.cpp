@@ -235,7 +235,7 @@ PackedSequences packed_sequences(Func offsets, Expr sequences, Expr tokens) {
     p.offsets = offsets;
     p.sequences = sequences, p.tokens = tokens;
     p.length = Func{"sequence_length"};
-    p.length(b) = offsets(b + 1) - offsets(b);
+    p.length(b) = p.offset(b + 1) - p.offset(b);
     p.key_is_real = Func{"sequence_key_is_real"};
     p.key_is_real(j, b) = cast<uint8_t>(j < p.length(b));
     // Offsets do not decrease, so the sequence of row s is the last b with offsets(b) <= s
@@ -243,16 +243,18 @@ PackedSequences packed_sequences(Func offsets, Expr sequences, Expr tokens) {
     p.later_starts = RDom(1, sequences - 1, "later_starts");
     p.sequence = Func{"token_sequence"};
     p.sequence(s) = 0;
-    p.sequence(s) += select(offsets(p.later_starts) <= s, 1, 0);
+    p.sequence(s) += select(p.offset(p.later_starts) <= s, 1, 0);
     return p;
 }
+
+Expr PackedSequences::offset(Expr b) const { return offsets(clamp(b, 0, sequences)); }
 
 Func PackedSequences::by_sequence(const std::string &name, Func token_heads) const {
     const Var &e = dims.head_dim, &h = dims.head, &i = dims.seq, &b = dims.batch;
     Func view{name};
     // Positions past a sequence's end read its last token (clamped, like every edge read);
     // an empty sequence reads a neighbour's, never used.
-    view(e, h, i, b) = token_heads(e, h, clamp(offsets(b) + min(i, length(b) - 1), 0, tokens - 1), 0);
+    view(e, h, i, b) = token_heads(e, h, clamp(offset(b) + min(i, length(b) - 1), 0, tokens - 1), 0);
     return view;
 }
 
@@ -300,7 +302,7 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         const Var &e = dims.head_dim, &h = dims.head, &s = dims.seq, &b = dims.batch;
         Expr sequence = clamp(l.packed.sequence(s), 0, in.sequences - 1);
         l.packed.ctx = Func{"packed_ctx"};
-        l.packed.ctx(e, h, s, b) = ctx(e, h, clamp(s - in.sequence_offsets(sequence), 0, in.s_q - 1), sequence);
+        l.packed.ctx(e, h, s, b) = ctx(e, h, clamp(s - l.packed.offset(sequence), 0, in.s_q - 1), sequence);
         ctx = l.packed.ctx;
     }
     l.output =

@@ -3,9 +3,9 @@
 // from these helpers; none of them schedules anything.
 //
 // Edge reads are clamped: every read whose index a schedule's register tile may run
-// past (a token row, an output feature, a key) goes through min(i, extent - 1), so a
-// schedule can compute whole constant-size tiles at a buffer's edge; the extra
-// values are never stored.
+// past (a token row, an output feature, a key, a packed sequence's offsets) goes through
+// min(i, extent - 1) or a clamp, so a schedule can compute whole constant-size tiles at
+// a buffer's edge; the extra values are never stored.
 //
 // Dimension order: buffers arrive in PyTorch's row-major layout, and Halide lists
 // dimensions innermost first, so a [B, S, H] tensor is indexed (hidden, seq, batch)
@@ -168,6 +168,10 @@ struct PackedSequences {
     Halide::RDom later_starts;  // offsets(1..B-1), for `sequence`
     Halide::Func ctx;       // (head_dim, head, seq, batch of 1): the core's ctx gathered back to token rows
     Halide::Expr sequences, tokens;
+    // offsets(b), read at b clamped to [0, sequences]: a schedule may compute a sequence
+    // past the last (a rounded-up split, a vector of sequences), which then reads as
+    // empty instead of past the buffer. Every read of the offsets goes through it.
+    Halide::Expr offset(Halide::Expr b) const;
     // (head_dim, head, position, sequence) view of a (head_dim, head, token, batch of 1) Func.
     Halide::Func by_sequence(const std::string &name, Halide::Func token_heads) const;
     bool defined() const { return offsets.defined(); }

@@ -1,6 +1,6 @@
 // The fused layer (self- and cross-attention, with and without probabilities) of
 // every variant against the double-precision reference.
-#include "support/variant_param.h"
+#include "support/function_check.h"
 
 #include <algorithm>
 #include <set>
@@ -90,18 +90,7 @@ class LayerTest : public ::testing::TestWithParam<VariantProblem> {
 protected:
     void run_and_check(bool with_probs) {
         const auto &[variant, problem] = GetParam();
-        const LayerData data(problem);
-        const ReferenceRun &ref = reference_run(data);
-        Attention layer(problem.config(), data.weights(), variant.name);
-        GuardedOutput y({problem.batch, problem.s_q, problem.hidden});
-        GuardedOutput probs({problem.batch, problem.heads, problem.s_q, problem.s_k});
-        auto run = [&] { layer.forward(data.inputs(), y.view(), with_probs ? probs.view() : MutableTensor{}); };
-        if (!ran_or_refused(variant, layer_function(with_probs), run)) {
-            EXPECT_TRUE(y.guards_intact() && probs.guards_intact()) << "a refused call wrote outside its outputs";
-            return;
-        }
-        expect_matches_reference("y", y, ref.exact.y, ref.float32.y);
-        if (with_probs) expect_matches_reference("probs", probs, ref.exact.probs, ref.float32.probs);
+        check_function(variant, layer_function(with_probs), problem);
     }
 };
 

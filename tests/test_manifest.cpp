@@ -4,7 +4,7 @@
 // argument fails here, by name), and dispatch following the declared ranks and priorities.
 #include "attn/generated/manifest.h"
 #include "attn/internal.h"
-#include "support/variant_param.h"
+#include "support/function_check.h"
 
 #include <algorithm>
 #include <iostream>
@@ -66,6 +66,13 @@ TEST(Manifest, EachVariantHasTheFunctionsItsSourceProvides) {
                   std::set<std::string>(expected.begin(), expected.end()))
             << v.name;
     }
+}
+
+// The tests check a function through one table (tests/support/function_check.cpp); a
+// function added to the manifest fails here until it has a check there, so the edge
+// shapes and the stage and layer matrices cover it.
+TEST(Manifest, EveryFunctionHasATestCheck) {
+    for (const manifest::Function &f : manifest::kFunctions) EXPECT_TRUE(has_function_check(f.name)) << f.name;
 }
 
 // min_shapes: the fallback is the same device's hand-written variant, providing every

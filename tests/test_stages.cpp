@@ -1,6 +1,6 @@
 // Each stage's own pipeline, of every variant, against the reference stage fed the
 // same float32 inputs (the plain float32 layer's intermediates).
-#include "support/variant_param.h"
+#include "support/function_check.h"
 
 #include <cmath>
 #include <random>
@@ -37,106 +37,21 @@ std::vector<Problem> stage_problems() {
 
 class StageTest : public ::testing::TestWithParam<VariantProblem> {
 protected:
-    void SetUp() override {
+    void check(const std::string &function) {
         const auto &[variant, problem] = GetParam();
         ATTN_SKIP_IF_NOT_RUNNABLE(variant);
-        data_ = std::make_unique<LayerData>(problem);
-        ref_ = &reference_run(*data_);
-        sizes_ = {problem.batch, problem.s_q, problem.s_k};
+        check_function(variant, function, problem);
     }
-    const VariantInfo &variant() const { return std::get<0>(GetParam()); }
-    const Problem &problem() const { return std::get<1>(GetParam()); }
-    Config config() const { return problem().config(); }
-    static ConstTensor view_of(const std::vector<float> &v, Shape shape) {
-        return {v.data(), v.size(), std::move(shape)};
-    }
-    Shape q_shape() const { return {problem().batch, problem().s_q, problem().hidden}; }
-    Shape kv_shape() const { return {problem().batch, problem().s_k, problem().hidden}; }
-    Shape score_shape() const { return {problem().batch, problem().heads, problem().s_q, problem().s_k}; }
-    std::unique_ptr<LayerData> data_;
-    const ReferenceRun *ref_ = nullptr;
-    reference::Sizes sizes_;
 };
 
-TEST_P(StageTest, QkvProjection) {
-    const AttentionInputs in = data_->inputs();
-    const ConstTensor x_kv = problem().cross ? in.kv : in.x;
-    const LayerWeights w = data_->weights();
-    GuardedOutput q(q_shape()), k(kv_shape()), v(kv_shape());
-    ATTN_RUN_OR_REFUSE(variant(), "qkv_projection",
-                       stages::qkv_projection(variant(), config(), in.x, x_kv, w, q.view(), k.view(), v.view()));
-    const int64_t rows_q = sizes_.batch * sizes_.s_q, rows_k = sizes_.batch * sizes_.s_k;
-    const std::vector<double> x = reference::widen<double>(in.x), kv = reference::widen<double>(x_kv);
-    const std::vector<float> xf = reference::widen<float>(in.x), kvf = reference::widen<float>(x_kv);
-    expect_matches_reference("q", q, reference::linear(x, rows_q, w.w_q, w.b_q),
-                             reference::linear(xf, rows_q, w.w_q, w.b_q));
-    expect_matches_reference("k", k, reference::linear(kv, rows_k, w.w_k, w.b_k),
-                             reference::linear(kvf, rows_k, w.w_k, w.b_k));
-    expect_matches_reference("v", v, reference::linear(kv, rows_k, w.w_v, w.b_v),
-                             reference::linear(kvf, rows_k, w.w_v, w.b_v));
-}
-
-TEST_P(StageTest, AttentionScores) {
-    const std::vector<float> &q = ref_->float32.q, &k = ref_->float32.k;
-    const ConstTensor bias = data_->inputs().bias;
-    GuardedOutput scores(score_shape());
-    ATTN_RUN_OR_REFUSE(variant(), "attention_scores",
-                       stages::attention_scores(variant(), config(), view_of(q, q_shape()), view_of(k, kv_shape()),
-                                                bias, scores.view()));
-    const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end());
-    expect_matches_reference("scores", scores, reference::attention_scores(config(), sizes_, qd, kd, bias),
-                             reference::attention_scores(config(), sizes_, q, k, bias));
-}
-
-TEST_P(StageTest, MaskedSoftmax) {
-    const std::vector<float> &scores = ref_->float32.scores;
-    const MaskTensor mask = data_->inputs().key_padding_mask;
-    GuardedOutput probs(score_shape());
-    ATTN_RUN_OR_REFUSE(variant(), "masked_softmax",
-                       stages::masked_softmax(variant(), config(), view_of(scores, score_shape()), mask, probs.view()));
-    const std::vector<double> sd(scores.begin(), scores.end());
-    expect_matches_reference("probs", probs, reference::masked_softmax(config(), sizes_, sd, mask),
-                             reference::masked_softmax(config(), sizes_, scores, mask));
-}
-
-TEST_P(StageTest, WeightedSum) {
-    const std::vector<float> &probs = ref_->float32.probs, &v = ref_->float32.v;
-    GuardedOutput ctx(q_shape());
-    ATTN_RUN_OR_REFUSE(
-        variant(), "weighted_sum",
-        stages::weighted_sum(variant(), config(), view_of(probs, score_shape()), view_of(v, kv_shape()), ctx.view()));
-    const std::vector<double> pd(probs.begin(), probs.end()), vd(v.begin(), v.end());
-    expect_matches_reference("ctx", ctx, reference::weighted_sum(config(), sizes_, pd, vd),
-                             reference::weighted_sum(config(), sizes_, probs, v));
-}
-
+TEST_P(StageTest, QkvProjection) { check("qkv_projection"); }
+TEST_P(StageTest, AttentionScores) { check("attention_scores"); }
+TEST_P(StageTest, MaskedSoftmax) { check("masked_softmax"); }
+TEST_P(StageTest, WeightedSum) { check("weighted_sum"); }
 // The three stages above in one pass (the flash core), from the same q, k and v, with the
 // problem's mask, bias and causality.
-TEST_P(StageTest, AttentionCore) {
-    const std::vector<float> &q = ref_->float32.q, &k = ref_->float32.k, &v = ref_->float32.v;
-    const AttentionInputs in = data_->inputs();
-    GuardedOutput ctx(q_shape());
-    ATTN_RUN_OR_REFUSE(variant(), "attention_core",
-                       stages::attention_core(variant(), config(), view_of(q, q_shape()), view_of(k, kv_shape()),
-                                              view_of(v, kv_shape()), in.key_padding_mask, in.bias, ctx.view()));
-    const std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
-    expect_matches_reference("ctx", ctx,
-                             reference::attention_core(config(), sizes_, qd, kd, vd, in.key_padding_mask, in.bias),
-                             reference::attention_core(config(), sizes_, q, k, v, in.key_padding_mask, in.bias));
-}
-
-TEST_P(StageTest, OutputLayerNorm) {
-    const std::vector<float> &ctx = ref_->float32.ctx;
-    const AttentionInputs in = data_->inputs();
-    GuardedOutput y(q_shape());
-    ATTN_RUN_OR_REFUSE(
-        variant(), "output_layernorm",
-        stages::output_layernorm(variant(), config(), view_of(ctx, q_shape()), in.x, data_->weights(), y.view()));
-    const std::vector<double> cd(ctx.begin(), ctx.end());
-    expect_matches_reference(
-        "y", y, reference::output_layernorm(config(), sizes_, cd, reference::widen<double>(in.x), data_->weights()),
-        reference::output_layernorm(config(), sizes_, ctx, reference::widen<float>(in.x), data_->weights()));
-}
+TEST_P(StageTest, AttentionCore) { check("attention_core"); }
+TEST_P(StageTest, OutputLayerNorm) { check("output_layernorm"); }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, StageTest,
                          ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(stage_problems())),
