@@ -16,8 +16,13 @@ install(TARGETS ${installed_targets}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT attn_cli
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT attn_development)
 # The generators, for `attn generate`; they load libHalide from where it was built against (the venv).
-set_target_properties(attn_generators PROPERTIES INSTALL_RPATH "${ATTN_HALIDE_LIBRARY_DIR}")
-install(TARGETS attn_generators RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/attn COMPONENT attn_cli)
+if (TARGET attn_generators)
+    set_target_properties(attn_generators PROPERTIES INSTALL_RPATH "${ATTN_HALIDE_LIBRARY_DIR}")
+    install(TARGETS attn_generators RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/attn COMPONENT attn_cli)
+else ()  # imported, with the RPATH of the build that made them
+    install(IMPORTED_RUNTIME_ARTIFACTS ${ATTN_GENERATORS} RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/attn
+            COMPONENT attn_cli)
+endif ()
 install(DIRECTORY runtime/include/attn DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT attn_development)
 install(EXPORT attnTargets
         NAMESPACE attn::

@@ -62,5 +62,18 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, EdgeShapeTest, ::testing::ValuesIn(variant
                              return std::get<0>(info.param).name + "__" + std::get<1>(info.param);
                          });
 
+// One test per variant, registered with CTest on its own (tests/CMakeLists.txt), so that
+// ctest's summary lists each variant this machine cannot run as skipped, with the reason,
+// while the suites above run their cases in one process each.
+class VariantTest : public ::testing::TestWithParam<VariantInfo> {};
+
+TEST_P(VariantTest, RunsTheLayerHere) {
+    ATTN_SKIP_IF_NOT_RUNNABLE(GetParam());
+    check_function(GetParam(), "attention_layer", edge_shapes().front().problem);
+}
+
+INSTANTIATE_TEST_SUITE_P(EachVariant, VariantTest, ::testing::ValuesIn(variants()),
+                         [](const ::testing::TestParamInfo<VariantInfo> &info) { return info.param.name; });
+
 }  // namespace
 }  // namespace attn::testing

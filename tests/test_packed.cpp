@@ -93,8 +93,7 @@ protected:
         const auto &[variant, c] = GetParam();
         const PackedData data(c);
         const PackedInputs in = data.inputs();
-        const auto exact = reference::attention_layer_packed<double>(data.config(), data.layer.weights(), in);
-        const auto float32 = reference::attention_layer_packed<float>(data.config(), data.layer.weights(), in);
+        const PackedReferenceRun &ref = packed_reference_run(c.name, data.config(), data.layer.weights(), in);
         Attention layer(data.config(), data.layer.weights(), variant.name);
         GuardedOutput y({c.tokens(), c.hidden});
         GuardedOutput probs({data.probs_size()});
@@ -104,8 +103,8 @@ protected:
             EXPECT_TRUE(y.guards_intact() && probs.guards_intact()) << "a refused call wrote outside its outputs";
             return;
         }
-        expect_matches_reference("y", y, exact.y, float32.y);
-        if (with_probs) expect_matches_reference("probs", probs, exact.probs, float32.probs);
+        expect_matches_reference("y", y, ref.exact.y, ref.float32.y);
+        if (with_probs) expect_matches_reference("probs", probs, ref.exact.probs, ref.float32.probs);
     }
 };
 
@@ -149,12 +148,11 @@ TEST_P(PackedProblemTest, PackedMatchesTheDenseReferenceOnRealTokens) {
     const LayerData data(problem);
     const PackedBatch packed = data.packed();
     const Config config = problem.config();
-    const auto exact = reference::attention_layer_packed<double>(config, data.weights(), packed.inputs());
-    const auto float32 = reference::attention_layer_packed<float>(config, data.weights(), packed.inputs());
+    const PackedReferenceRun &ref = packed_reference_run(problem.name(), config, data.weights(), packed.inputs());
     Attention layer(config, data.weights(), variant.name);
     GuardedOutput y({packed.tokens(), problem.hidden});
     ATTN_RUN_OR_REFUSE(variant, "attention_layer_packed", layer.forward_packed(packed.inputs(), y.view()));
-    expect_matches_reference("y", y, exact.y, float32.y);
+    expect_matches_reference("y", y, ref.exact.y, ref.float32.y);
 }
 
 TEST_P(PackedProblemTest, UnpaddedMatchesTheDensePathOnRealTokensAndZerosPadding) {
@@ -166,8 +164,8 @@ TEST_P(PackedProblemTest, UnpaddedMatchesTheDensePathOnRealTokensAndZerosPadding
     padded.batch = std::min<int64_t>(padded.batch, 8), padded.hidden = 64, padded.heads = 2;
     const LayerData data(padded);
     const Config config = padded.config();
-    const auto exact = reference::attention_layer<double>(config, data.weights(), data.inputs());
-    const auto float32 = reference::attention_layer<float>(config, data.weights(), data.inputs());
+    const reference::LayerOutputs<double> &exact = reference_run(data).exact;
+    const reference::LayerOutputs<float> &float32 = reference_run(data).float32;
     Attention layer(config, data.weights(), variant.name);
     GuardedOutput y({padded.batch, padded.s_q, padded.hidden});
     ATTN_RUN_OR_REFUSE(variant, "attention_layer_packed", layer.forward_unpadded(data.inputs(), y.view()));

@@ -126,8 +126,7 @@ void attention_layer_packed(const Call &c, bool with_probs) {
     PackedInputs in = packed.inputs();
     const Problem &p = c.problem;
     if (p.bias) in.bias = c.view_of(c.data.bias, {p.heads, p.s_q, p.s_k});  // [1, heads, S, S] as [heads, S, S]
-    const auto exact = reference::attention_layer_packed<double>(c.config(), c.data.weights(), in);
-    const auto float32 = reference::attention_layer_packed<float>(c.config(), c.data.weights(), in);
+    const PackedReferenceRun &ref = packed_reference_run(p.name() + "_varlen", c.config(), c.data.weights(), in);
     Attention layer(c.config(), c.data.weights(), c.variant.name);
     GuardedOutput y({packed.tokens(), p.hidden});
     GuardedOutput probs({packed_probs_size(in.sequence_offsets, p.heads)});
@@ -137,8 +136,8 @@ void attention_layer_packed(const Call &c, bool with_probs) {
         EXPECT_TRUE(y.guards_intact() && probs.guards_intact()) << "a refused call wrote outside its outputs";
         return;
     }
-    expect_matches_reference("y", y, exact.y, float32.y);
-    if (with_probs) expect_matches_reference("probs", probs, exact.probs, float32.probs);
+    expect_matches_reference("y", y, ref.exact.y, ref.float32.y);
+    if (with_probs) expect_matches_reference("probs", probs, ref.exact.probs, ref.float32.probs);
 }
 
 // Every manifest function's check (Manifest.EveryFunctionHasATestCheck holds this table to the manifest).

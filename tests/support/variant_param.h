@@ -91,6 +91,13 @@ struct ReferenceRun {
     reference::LayerOutputs<float> float32;
 };
 const ReferenceRun &reference_run(const LayerData &data);
+// The same for packed sequences, computed once per `key` (which names the data).
+struct PackedReferenceRun {
+    reference::PackedOutputs<double> exact;
+    reference::PackedOutputs<float> float32;
+};
+const PackedReferenceRun &packed_reference_run(const std::string &key, const Config &config,
+                                               const LayerWeights &weights, const PackedInputs &inputs);
 
 // Applies the accuracy rule to an output and checks nothing was written around it.
 inline void expect_matches_reference(const char *what, const GuardedOutput &out, const std::vector<double> &exact,
