@@ -12,7 +12,7 @@ one from round to round.
 A round's times are a paired sample: ratios between implementations are taken per round,
 and report.py gives their median with a distribution-free confidence interval.
 
-Writes bench/results/comparison.json (every sample), then comparison.md and
+Writes generated/results/comparison.json (every sample), then comparison.md and
 comparison.png through report.py.
 """
 import argparse
@@ -140,7 +140,7 @@ def measure_group(impls, rounds, min_time, pause):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bench", default="build/release/bench/attn_bench", help="the attn_bench executable")
-    parser.add_argument("--out", default="bench/results", help="folder for comparison.json, .md and .png")
+    parser.add_argument("--out", default="generated/results", help="folder for comparison.json, .md and .png")
     parser.add_argument("--rounds", type=int, default=7, help="rounds per problem and function (at least 5)")
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds per sample (at least one run)")
     # Worker threads busy-wait after a call (OpenBLAS's for about 2^28 cycles, ONNX Runtime's

@@ -133,4 +133,27 @@ void openblas_unfused(const LayerData &data, BlasWorkspace &ws, float *y) {
     }
 }
 
+Prepared openblas_layer(bool roofline, const testing::ListedProblem &lp) {
+    Fixture &f = fixture(lp);
+    auto ws = std::make_shared<BlasWorkspace>(lp.problem);
+    Prepared prepared;
+    if (roofline) {
+        prepared.run = [ws, &f] { openblas_roofline(Gemms::layer, f.data, *ws); };
+        return prepared;
+    }
+    auto y = std::make_shared<std::vector<float>>(f.data.x.size());
+    prepared.run = [ws, y, &f] { openblas_unfused(f.data, *ws, y->data()); };
+    prepared.run();
+    if (const detail::CallReference *ref = f.reference(kLayerFunction)) {
+        prepared.error = accuracy_error(prepared, y->data(), ref->exact[0], ref->float32[0], "openblas_unfused");
+    }
+    return prepared;
+}
+
+Prepared openblas_stage(Gemms gemms, const testing::ListedProblem &lp) {
+    const Fixture &f = fixture(lp);
+    auto ws = std::make_shared<BlasWorkspace>(lp.problem);
+    return {[ws, gemms, &f] { openblas_roofline(gemms, f.data, *ws); }};
+}
+
 }  // namespace attn::bench

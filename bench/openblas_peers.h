@@ -1,6 +1,7 @@
 // The OpenBLAS peers of the comparison: what a user would otherwise write.
 #pragma once
 
+#include "cases.h"
 #include "problems/problem.h"
 
 #include <vector>
@@ -25,5 +26,10 @@ void openblas_roofline(Gemms which, const testing::LayerData &data, BlasWorkspac
 // (the S_q × S_k scores of one head are materialized): the unfused baseline.
 // Writes y [B, S_q, H].
 void openblas_unfused(const testing::LayerData &data, BlasWorkspace &ws, float *y);
+
+// The comparison's cases of these peers on one problem: the layer's roofline (`roofline`)
+// or the unfused layer, checked against the reference; one stage's roofline.
+Prepared openblas_layer(bool roofline, const testing::ListedProblem &lp);
+Prepared openblas_stage(Gemms gemms, const testing::ListedProblem &lp);
 
 }  // namespace attn::bench

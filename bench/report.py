@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Renders an interleaved comparison (bench/compare.py's comparison.json) as a Markdown
-table and a PNG chart:  report.py bench/results/comparison.json
+table and a PNG chart:  report.py generated/results/comparison.json
 
 Times are medians over the rounds of wall-clock time per call. Every ratio is paired: it
 is taken within each round, between two implementations timed in that round, and shown

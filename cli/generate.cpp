@@ -103,11 +103,6 @@ std::optional<std::pair<std::string, int>> run_jobs(const std::vector<Job> &jobs
     return failure;
 }
 
-std::string lower(std::string s) {
-    for (char &c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-}
-
 std::string c_identifier(const std::string &s) {
     std::string out;
     for (char c : s) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
@@ -117,17 +112,18 @@ std::string c_identifier(const std::string &s) {
 }  // namespace
 
 int generate_libraries(const GenerateOptions &options) {
-    // Hand-written, frozen and in-process sources; tuned parameters belong to one ISA:
-    // generate those with --schedule manual and the parameters of
-    // schedules/autotuned/<isa>/<function>.json.
+    // Hand-written, frozen and in-process sources, with the generator parameters the build
+    // uses (manifest::kGeneratorParams); tuned parameters belong to one ISA: generate those
+    // with --schedule manual and the parameters of generated/tuned/<isa>/<function>.json.
     std::string known;
-    const manifest::ScheduleSource *source = nullptr;
     for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
-        if (std::string(s.kind) == "tuned") continue;
-        known += (known.empty() ? "" : ", ") + std::string(s.name);
-        if (options.schedule == s.name) source = &s;
+        if (std::string(s.kind) != "tuned") known += (known.empty() ? "" : ", ") + std::string(s.name);
     }
-    if (!source) {
+    std::vector<const manifest::GeneratorParams *> functions;
+    for (const manifest::GeneratorParams &g : manifest::kGeneratorParams) {
+        if (options.schedule == g.source) functions.push_back(&g);
+    }
+    if (functions.empty()) {
         throw Error("--schedule", "unknown schedule source '" + options.schedule + "'; manifest.json has " + known);
     }
     if (options.target.empty()) throw Error("--target", "empty; give a Halide target such as arm-64-linux");
@@ -144,23 +140,18 @@ int generate_libraries(const GenerateOptions &options) {
                                {"runtime", "attn_halide_runtime.a"},
                                {"functions", nlohmann::json::array()}};
     std::vector<Job> jobs;
-    for (const manifest::Function &f : manifest::kFunctions) {
-        const std::string function = std::string("attn_") + f.name + "_" + options.schedule + "_" + suffix;
+    for (const manifest::GeneratorParams *g : functions) {
+        const std::string function = std::string("attn_") + g->function + "_" + options.schedule + "_" + suffix;
+        std::string generator_name;
+        for (const manifest::Function &f : manifest::kFunctions) {
+            if (std::string(f.name) == g->function) generator_name = f.generator;
+        }
         // Each function without its own runtime: they share attn_halide_runtime.a.
         Job job{function,
-                {generator, "-g", f.generator, "-f", function, "-o", options.out, "-e", "static_library,c_header",
-                 "target=" + options.target + "-no_runtime", "schedule=" + options.schedule,
-                 std::string("function=") + f.name}};
-        if (std::string(source->kind) == "in-process") {
-            job.args.insert(job.args.begin() + 1,
-                            {"-p", ATTN_PLUGIN_DIR "/libautoschedule_" + lower(source->autoscheduler) + ".so"});
-        }
-        const std::string params = f.params;
-        for (std::size_t start = 0; start < params.size();) {
-            const std::size_t comma = std::min(params.find(',', start), params.size());
-            job.args.push_back(params.substr(start, comma - start));
-            start = comma + 1;
-        }
+                {generator, "-g", generator_name, "-f", function, "-o", options.out, "-e", "static_library,c_header",
+                 "target=" + options.target + "-no_runtime"}};
+        if (*g->plugin) job.args.insert(job.args.begin() + 1, {"-p", ATTN_PLUGIN_DIR "/" + std::string(g->plugin)});
+        job.args.insert(job.args.end(), g->params.begin(), g->params.end());
         jobs.push_back(std::move(job));
         manifest["functions"].push_back(
             {{"name", function}, {"header", function + ".h"}, {"library", function + ".a"}});
@@ -178,8 +169,8 @@ int generate_libraries(const GenerateOptions &options) {
                                     std::to_string(failure->second) + "; its message is above)");
     }
     std::ofstream(fs::path(options.out) / "manifest.json") << manifest.dump(2) << "\n";
-    std::printf("wrote %zu libraries, their headers, attn_halide_runtime.a and manifest.json to %s\n",
-                std::size(manifest::kFunctions), options.out.c_str());
+    std::printf("wrote %zu libraries, their headers, attn_halide_runtime.a and manifest.json to %s\n", functions.size(),
+                options.out.c_str());
     return 0;
 }
 

@@ -47,7 +47,7 @@ public:
 
     attn_sched::CpuTiling tiling() const {
         const attn_gen::Blocking b = blocking();
-        return {int(tile_rows), int(tile_vectors), b.query_block, b.key_block, int(context_vectors)};
+        return {int(tile_rows), int(tile_vectors), b.query_block, int(context_vectors)};
     }
     attn_gen::Blocking blocking() const {
         const Halide::Target &t = this->get_target();

@@ -1,41 +1,37 @@
 // Hand-written expert CPU schedules, one per generator: GEMM-shaped reductions in
-// register tiles (4 rows × 3 vectors, 12 accumulators) over packed weight panels; the
+// register tiles (by default 4 rows × 3 vectors) over packed weight panels; the
 // fused layer's flash core (attn_gen::FlashAttention) a query block at a time, each key
 // block's scores and exponentials in L2 (no S×S buffer unless probabilities are an
 // output, memory O(S)); the residual and LayerNorm in the output projection's epilogue.
 // GuardWithIf on every split of an output: shapes are runtime values (S = 1, 97,
 // 113, d = 40, ...); register tiles at an edge stay whole thanks to the algorithm's
 // clamped reads, and what they compute past the edge is never stored. The measured
-// comparison is bench/results/comparison.md.
+// comparison is generated/results/comparison.md.
 #pragma once
 
 #include "../algorithm/attention_algorithm.h"
 
 namespace attn_sched {
 
-// The hand-written schedules' own parameters (generator parameters tile_rows,
-// tile_vectors, query_block, key_block, context_vectors; tools/autotune.py searches
-// them).
+// The hand-written schedules' own parameters: generator parameters whose defaults, ranges
+// and searched values are manifest.json's manual_parameters (their one home), tuned per
+// ISA, function and shape class by tools/autotune.py. (The flash core's key block belongs
+// to the algorithm: attn_gen::Blocking.)
 struct CpuTiling {
     // The register tile of every GEMM-shaped reduction: tile_rows rows by tile_vectors
-    // vectors of accumulators (12 of the 16 vector registers of SSE/AVX2, leaving room
-    // for the loaded row and the broadcasts). The tile is a constant-size Func computed
-    // inside its consumer's tile and fully unrolled, so LLVM keeps it in registers for
-    // the whole reduction; the algorithm clamps edge reads, so edge tiles are whole too.
-    int tile_rows = 4;
-    int tile_vectors = 3;
+    // vectors of accumulators (12 of the 16 vector registers of SSE/AVX2 by default,
+    // leaving room for the loaded row and the broadcasts). The tile is a constant-size Func
+    // computed inside its consumer's tile and fully unrolled, so LLVM keeps it in registers
+    // for the whole reduction; the algorithm clamps edge reads, so edge tiles are whole too.
+    int tile_rows, tile_vectors;
     // Query rows per block of the attention core (of the flash core's algorithm, and of
     // the stages' schedules): each tile of K or V loaded for a block is reused by all of
     // its rows, so larger blocks stream K and V fewer times at long contexts; a block's
     // scores and exponentials (query_block × key_block floats each) stay in L2.
-    int query_block = 64;
-    // Keys per block of the flash core (rounded up to whole chunks of tile_vectors vectors):
-    // the online softmax folds in one key block at a time, so larger blocks rescale the
-    // running context less often, and a block's scores stay in L2 up to about 1024.
-    int key_block = 512;
+    int query_block;
     // The weighted sum's tile: context_vectors vectors of the head dimension (16 floats
     // on AVX2 divide d = 32, 64, 80) by tile_rows query rows.
-    int context_vectors = 2;
+    int context_vectors;
 };
 
 void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const CpuTiling &tiling,

@@ -5,14 +5,13 @@
 #include <map>
 #include <regex>
 #include <set>
-#include <sstream>
 #include <vector>
 
 // The frozen schedules' headers, included once here at file scope (each is
 // include-guarded, so the second inclusion of the registry below adds only its
 // ATTN_FROZEN entries).
 #define ATTN_FROZEN(...)
-#include "frozen/registry.inc"
+#include "../generated/frozen/registry.inc"
 #undef ATTN_FROZEN
 
 namespace attn_sched {
@@ -34,7 +33,7 @@ const std::vector<FrozenSchedule> &frozen_schedules() {
 #define ATTN_FROZEN(source, isa, function, apply, lookups) \
     {#source, #isa, #function, apply, std::vector<FuncLookup> lookups},
     static const std::vector<FrozenSchedule> all{
-#include "frozen/registry.inc"
+#include "../generated/frozen/registry.inc"
     };
 #undef ATTN_FROZEN
     return all;
@@ -45,13 +44,6 @@ const attn::manifest::ScheduleSource *find_source(const std::string &source) {
         if (source == s.name) return &s;
     }
     return nullptr;
-}
-
-std::vector<std::string> words(const char *text) {
-    std::istringstream in(text);
-    std::vector<std::string> out;
-    for (std::string w; in >> w;) out.push_back(w);
-    return out;
 }
 
 // Whether `target` has every feature of `isa_target` (same architecture and bits); CUDA
@@ -168,7 +160,7 @@ void apply_autoscheduler(const std::string &source, Halide::Pipeline pipeline, c
         throw Halide::CompileError("No in-process autoscheduler '" + source + "' in manifest.json.");
     }
     Halide::AutoschedulerParams params(s->autoscheduler);
-    for (const std::string &pair : words(target.has_gpu_feature() ? s->gpu_params : s->cpu_params)) {
+    for (const std::string pair : target.has_gpu_feature() ? s->gpu_params : s->cpu_params) {
         const std::size_t eq = pair.find('=');
         params.extra[pair.substr(0, eq)] = pair.substr(eq + 1);
     }
@@ -181,7 +173,7 @@ void apply_frozen_schedule(const std::string &function, const std::string &sourc
     if (function.empty())
         throw Halide::CompileError("A frozen schedule needs the generator parameter function=<name>.");
     const std::string isa = frozen_isa(target);
-    const std::string path = "schedules/frozen/" + source + "/" + isa + "/" + function + ".schedule.h";
+    const std::string path = "generated/frozen/" + source + "/" + isa + "/" + function + ".schedule.h";
     for (const FrozenSchedule &frozen : frozen_schedules()) {
         if (source != frozen.source || isa != frozen.isa || function != frozen.function) continue;
         // The schedule finds Funcs by their index in the pipeline: if the algorithm

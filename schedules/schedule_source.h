@@ -1,7 +1,7 @@
 // Picks how a generator's pipeline is scheduled, from its `schedule` generator
 // parameter, a schedule source of manifest.json: a hand-written one ("manual": the CPU
 // or GPU schedule for the target), a frozen one (autoscheduler output checked in under
-// schedules/frozen/, stamped with its target), or one run in process; nothing when
+// generated/frozen/, stamped with its target), or one run in process; nothing when
 // Halide's autoscheduler runs. (A tuned source is built as "manual" with the tuned
 // parameters.)
 #pragma once
@@ -15,7 +15,7 @@ namespace attn_sched {
 enum class ScheduleKind {
     manual_cpu,
     manual_gpu,
-    frozen,         // checked-in autoscheduler output (schedules/frozen/)
+    frozen,         // checked-in autoscheduler output (generated/frozen/)
     autoscheduled,  // an autoscheduler run now, in process (li2018: its emitted schedules do not compile)
 };
 

@@ -10,21 +10,13 @@
 #include <iostream>
 #include <map>
 #include <set>
-#include <sstream>
 
 namespace attn::testing {
 namespace {
 
-std::vector<std::string> words(const char *text) {
-    std::istringstream in(text);
-    std::vector<std::string> out;
-    for (std::string w; in >> w;) out.push_back(w);
-    return out;
-}
-
 bool not_provided(const std::string &source, const std::string &isa, const std::string &function) {
     for (const manifest::NotProvided &n : manifest::kNotProvided) {
-        if (n.source && source == n.source && function == n.function && (isa == n.isa || std::string(n.isa) == "all")) {
+        if (source == n.source && function == n.function && (isa == n.isa || std::string(n.isa) == "all")) {
             return true;
         }
     }
@@ -38,7 +30,7 @@ TEST(Manifest, EveryVariantOfEveryIsaIsCompiled) {
     std::vector<std::string> expected, compiled;
     for (const manifest::Isa &isa : manifest::kIsas) {
         if (isa.cross_compiled) continue;  // built, never linked
-        for (const std::string &source : words(isa.variants)) expected.push_back(source + "_" + isa.name);
+        for (const std::string source : isa.variants) expected.push_back(source + "_" + isa.name);
     }
     for (const VariantInfo &v : variants()) compiled.push_back(v.name);
     EXPECT_EQ(compiled, expected);
@@ -68,11 +60,12 @@ TEST(Manifest, EachVariantHasTheFunctionsItsSourceProvides) {
     }
 }
 
-// The tests check a function through one table (tests/support/function_check.cpp); a
-// function added to the manifest fails here until it has a check there, so the edge
-// shapes and the stage and layer matrices cover it.
-TEST(Manifest, EveryFunctionHasATestCheck) {
-    for (const manifest::Function &f : manifest::kFunctions) EXPECT_TRUE(has_function_check(f.name)) << f.name;
+// The tests and the benchmarks call a function by its name (attn/function_calls.h); a
+// function added to the manifest fails here until it has its entry beside its public
+// function, and then the edge shapes, the stage and layer matrices and the benchmarks
+// cover it.
+TEST(Manifest, EveryFunctionHasACall) {
+    for (const manifest::Function &f : manifest::kFunctions) EXPECT_TRUE(detail::has_function_call(f.name)) << f.name;
 }
 
 // min_shapes: the fallback is the same device's hand-written variant, providing every
@@ -120,7 +113,8 @@ TEST(Manifest, AVariantWithMinShapesFallsBackToTheHandWrittenVariantBelowThem) {
 
 TEST(Manifest, EveryCompiledFunctionTakesTheManifestsArgumentsByName) {
     std::map<std::string, std::vector<std::string>> arguments;
-    for (const manifest::Function &f : manifest::kFunctions) arguments[f.name] = words(f.arguments);
+    for (const manifest::Function &f : manifest::kFunctions)
+        arguments[f.name] = {f.arguments.begin(), f.arguments.end()};
     for (const VariantInfo &v : variants()) {
         for (const auto &[function, classes] : detail::compiled_functions(v)) {
             for (const detail::CompiledFunction &compiled : classes) {
@@ -173,6 +167,32 @@ TEST(Manifest, AnArgumentTheRuntimeDoesNotPassIsRefusedByName) {
         EXPECT_NE(std::string(e.what()).find("takes the buffer argument 'q', which the runtime does not pass"),
                   std::string::npos)
             << e.what();
+    }
+}
+
+// Every argument the runtime binds must be one the function takes: a name the function
+// lacks (a typo, a renamed argument) is refused before the call, never ignored.
+TEST(Manifest, AnArgumentTheFunctionDoesNotTakeIsRefusedByName) {
+    const VariantInfo &v = select_variant();
+    const detail::CompiledFunction &scores = detail::function_for(v, "attention_scores", {});
+    const halide_filter_metadata_t *metadata = scores.metadata();
+    halide_buffer_t unused{};  // never read: the call is refused before it is made
+    detail::Arguments all;
+    for (int i = 0; i < metadata->num_arguments; ++i) {
+        const halide_filter_argument_t &a = metadata->arguments[i];
+        if (a.kind != halide_argument_kind_input_scalar) {
+            all.buffer(a.name, &unused);
+        } else {
+            all.scalar(a.name, int32_t(1));  // attention_scores' one scalar is heads
+        }
+    }
+    all.scalar("causal", true);
+    try {
+        detail::call(scores, all, "attention_scores");
+        FAIL() << "a call with an argument the function does not take was made";
+    } catch (const Error &e) {
+        EXPECT_EQ(e.argument(), "variant");
+        EXPECT_NE(std::string(e.what()).find("takes no argument 'causal'"), std::string::npos) << e.what();
     }
 }
 

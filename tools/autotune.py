@@ -31,11 +31,12 @@ under build/autotune/, keyed by the sources it depends on, so an interrupted run
 
 The winner of a class (the lowest worst-case time relative to the hand-written default
 over its problems, then the lowest geometric mean) is frozen in
-schedules/autotuned/<isa>/<function>.json: one entry per class, or one entry for several
-classes where their winners are the same parameters, each with the provenance of its
-search (every candidate and its times, machine, Halide version, date, budget). The build
-compiles one function per entry and the runtime picks it by max(S_q, S_k). A frozen entry
-holds generator parameters of the hand-written schedule, so the winner is the fastest
+generated/tuned/<isa>/<function>.json: one entry per class, or one entry for several
+classes where their winners are the same parameters, with the provenance of each search
+beside it in <function>.provenance.json (every candidate and its times, machine, Halide
+version, date, budget). The build compiles one function per entry and the runtime picks it
+by max(S_q, S_k). A frozen entry holds parameters of the hand-written schedule, so the
+winner is the fastest
 hand-written parameter set; a faster autoscheduled candidate is reported (its own
 variant runs it), not frozen.
 
@@ -65,12 +66,15 @@ import manifest as manifest_lib  # noqa: E402
 from manifest import ROOT  # noqa: E402
 
 MANIFEST = manifest_lib.load()
-AUTOTUNED = ROOT / "schedules" / "autotuned"
+from manifest import TUNED  # noqa: E402
 
-# Values searched for the hand-written parameters other than the register tile.
-MANUAL_VALUES = {"query_block": [16, 32, 64, 128], "key_block": [256, 512, 1024], "context_vectors": [1, 2, 3, 4]}
-# Register tiles: rows × vectors accumulators, at most 15 of the 16 vector registers.
-REGISTER_TILES = [(r, v) for r in range(1, 9) for v in range(1, 7) if 4 <= r * v <= 15]
+# The hand-written parameters and the values searched (manifest.json: manual_parameters,
+# each parameter's one home): a parameter's "search" list, and register tiles of
+# tile_rows × tile_vectors from 4 to 15 accumulators (at most 15 of the 16 vector registers).
+MANUAL_VALUES = {name: p["search"] for name, p in MANIFEST.manual_parameters.items() if "search" in p}
+TILE_ROWS, TILE_VECTORS = (range(MANIFEST.manual_parameters[n]["min"], MANIFEST.manual_parameters[n]["max"] + 1)
+                           for n in ("tile_rows", "tile_vectors"))
+REGISTER_TILES = [(r, v) for r in TILE_ROWS for v in TILE_VECTORS if 4 <= r * v <= 15]
 
 # Autoscheduler sweeps (manifest name: {param: values}); the manifest's own value of a
 # parameter, where it sets one, is put first: that candidate is the frozen variant's.
@@ -106,7 +110,7 @@ def manual_candidates(function):
     if "tile_rows" in names and "tile_vectors" in names:
         axes.append([{"tile_rows": r, "tile_vectors": v} for r, v in REGISTER_TILES])
     elif "tile_rows" in names:
-        axes.append([{"tile_rows": r} for r in range(1, 9)])
+        axes.append([{"tile_rows": r} for r in TILE_ROWS])
     for name in MANUAL_VALUES:
         if name in names:
             axes.append([{name: v} for v in MANUAL_VALUES[name]])
@@ -147,15 +151,6 @@ def search_space(function, isa, seed):
 def candidate_key(source, params):
     text = source + "".join(f"_{k}{v}" for k, v in sorted(params.items()))
     return re.sub(r"[^A-Za-z0-9_]", "_", text)
-
-
-def generator_args(source, params, plugins):
-    """Generator arguments for a candidate: the schedule source and its parameters."""
-    if source == "manual":
-        return ["schedule=manual"] + [f"{k}={v}" for k, v in params.items()]
-    name = MANIFEST.sources[source]["autoscheduler"]
-    return (["-p", str(plugins / f"libautoschedule_{name.lower()}.so"), f"autoscheduler={name}"] +
-            [f"autoscheduler.{k}={v}" for k, v in params.items()])
 
 
 class Tuner:
@@ -207,8 +202,9 @@ class Tuner:
             symbol = f"attn_{function}_{key}"
             cmd = [str(self.generator_exe), "-g", self.generator, "-f", symbol, "-o", str(folder), "-e",
                    "object,c_header" + (",schedule" if source != "manual" else ""),
-                   f"target={self.target}-no_runtime", *generator_args(source, params, self.plugins),
-                   f"function={function}", *MANIFEST.generator_params(function)]
+                   f"target={self.target}-no_runtime",
+                   *([] if source == "manual" else ["-p", str(self.plugins / MANIFEST.plugin(source))]),
+                   *MANIFEST.generator_params(function, source, params, autoscheduler_run=source != "manual")]
             try:
                 result = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.compile_timeout)
             except subprocess.TimeoutExpired:
@@ -375,17 +371,18 @@ class Tuner:
                 entries.append({"shape_classes": [shape_class],
                                 "winner": {"source": winner["source"], "params": winner["params"]},
                                 "provenance": provenance})
-        AUTOTUNED.joinpath(self.args.isa).mkdir(parents=True, exist_ok=True)
+        TUNED.joinpath(self.args.isa).mkdir(parents=True, exist_ok=True)
         for function in MANIFEST.functions_tuned_with(self.generator):
             uses = MANIFEST.function(function)["manual_parameters"]
-            classes = [{"shape_classes": e["shape_classes"], "winner": e["winner"],
-                        "generator_params": ["schedule=manual"] + [f"{k}={v}" for k, v in e["winner"]["params"].items()
-                                                                   if k in uses],
-                        "provenance": e["provenance"]} for e in entries]
-            path = AUTOTUNED / self.args.isa / f"{function}.json"
-            path.write_text(json.dumps({"function": function, "classes": classes}, indent=1) + "\n")
-            print(f"froze {path.relative_to(ROOT)}: " + "; ".join(
-                f"{'+'.join(c['shape_classes'])}: {c['winner']['params']}" for c in classes))
+            winners = [(e["shape_classes"], {k: v for k, v in e["winner"]["params"].items() if k in uses})
+                       for e in entries]
+            path = TUNED / self.args.isa / f"{function}.json"
+            path.write_text(MANIFEST.tuned_text(function, winners))
+            provenance = [{"shape_classes": e["shape_classes"], "winner": e["winner"], "provenance": e["provenance"]}
+                          for e in entries]
+            path.with_suffix(".provenance.json").write_text(
+                json.dumps({"function": function, "classes": provenance}, indent=1) + "\n")
+            print(f"froze {path.relative_to(ROOT)}: " + "; ".join(f"{'+'.join(c)}: {p}" for c, p in winners))
 
 
 def cpu_model():

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The autotuner (tools/autotune.py): searches, measures and freezes the fastest
-# schedule of one AOT function for one ISA into schedules/autotuned/<isa>/. Builds the
+# schedule of one AOT function for one ISA into generated/tuned/<isa>/. Builds the
 # generators and the benchmark harness first. Arguments go to tools/autotune.py, e.g.
 #   tools/autotune.sh --isa avx2 --function attention_layer --budget-minutes 30
 set -euo pipefail

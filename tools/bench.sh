@@ -3,7 +3,7 @@
 # every variant of the variant list (fused, and by stage at short contexts) beside the
 # peers (OpenBLAS, PyTorch and ONNX Runtime, from .venv-peers: tools/peer-requirements.txt)
 # on the shared problem list, interleaved: in each round every implementation of a
-# problem runs once, in a rotating order. Results go to bench/results/:
+# problem runs once, in a rotating order. Results go to generated/results/:
 #   comparison.json   every sample of every round, the machine and the versions
 #   comparison.md     medians, spreads and paired ratios with their intervals
 #   comparison.png    the chart
@@ -15,4 +15,4 @@ peers_venv=.venv-peers
 ensure_venv "$peers_venv" tools/peer-requirements.txt  # the peers (PyTorch, ONNX Runtime) and matplotlib
 cmake --preset release >/dev/null
 cmake --build --preset release --target attn_bench
-"$peers_venv/bin/python" bench/compare.py --bench build/release/bench/attn_bench --out bench/results "$@"
+"$peers_venv/bin/python" bench/compare.py --bench build/release/bench/attn_bench --out generated/results "$@"

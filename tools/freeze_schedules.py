@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Regenerates the frozen autoscheduled schedules under schedules/frozen/.
+"""Regenerates the frozen autoscheduled schedules under generated/frozen/.
 
 For every frozen schedule source of manifest.json, every ISA that has a variant of it and
 every function it provides there, runs the project's generator with the autoscheduler
 plugin and the manifest's parameters, and keeps the emitted .schedule.h as
-schedules/frozen/<source>/<isa>/<function>.schedule.h, then writes
-schedules/frozen/registry.inc, which records for each schedule the pipeline index
+generated/frozen/<source>/<isa>/<function>.schedule.h, then writes
+generated/frozen/registry.inc, which records for each schedule the pipeline index
 and name of every Func it looks up, so a schedule that no longer matches the
 algorithm fails the build (see schedules/schedule_source.cpp). Never edit the
 outputs by hand; run:
@@ -26,7 +26,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import manifest as manifest_lib  # noqa: E402
 from manifest import ROOT  # noqa: E402
 
-FROZEN = ROOT / "schedules" / "frozen"
+FROZEN = ROOT / "generated" / "frozen"
 
 # How to get a schedule out of Halide 21's autoschedulers where their first try fails
 # (what to run is manifest.json's; these are workarounds of the tool):
@@ -35,7 +35,7 @@ FROZEN = ROOT / "schedules" / "frozen"
 # or fail with an empty message; such a function is searched again without block-level
 # compute_at (the third of the four search_space_options: compute_root, inline, block
 # level, thread level).
-ANDERSON_RETRY = ["autoscheduler.search_space_options=1101"]
+ANDERSON_RETRY = {"search_space_options": "1101"}
 # Functions whose default Anderson2021 schedule Halide then rejects when the frozen
 # header is applied (output_layernorm: `sum.compute_at(mean, seqi).store_at(mean, seq)`,
 # "a potential race condition"): searched with ANDERSON_RETRY from the start.
@@ -44,19 +44,18 @@ ANDERSON_RESTRICTED = {"output_layernorm"}
 # rejects (seen on avx2's fused layer with the flash core: "Can only unroll for loops
 # over a constant extent", q_heads over head_dim); such a function is searched again
 # for 4 cores instead of 2, which leads it to another schedule.
-RETRY = {"anderson2021": ANDERSON_RETRY, "adams2019": ["autoscheduler.parallelism=4"]}
+RETRY = {"anderson2021": ANDERSON_RETRY, "adams2019": {"parallelism": "4"}}
 # Schedules whose first try emits, but which the build then rejects once their splits are
 # guarded (schedules/schedule_source.cpp, guard_every_split: "Can only unroll for loops
 # over a constant extent", seen on the packed layer): searched with these parameters,
 # found by trying, from the start.
-RETRY_FROM_THE_START = {("adams2019", "sse41", "attention_layer_packed_probs"): ["autoscheduler.parallelism=16"],
+RETRY_FROM_THE_START = {("adams2019", "sse41", "attention_layer_packed_probs"): {"parallelism": "16"},
                         ("adams2019", "avx512_zen4", "attention_layer_packed"): RETRY["adams2019"]}
 
 
 def with_params(params, overrides):
-    """params with each key=value of overrides replacing the same key (or added)."""
-    keys = {o.split("=", 1)[0] for o in overrides}
-    return [p for p in params if p.split("=", 1)[0] not in keys] + overrides
+    """The autoscheduler parameters with overrides replacing the same keys (or added)."""
+    return {**params, **overrides}
 
 
 # Halide 21's emitters use some of the algorithm's Vars (Mullapudi2016 in reorder()) and
@@ -98,19 +97,18 @@ def fix_emitted(text):
 
 
 def freeze_one(manifest, generator_exe, plugin_dir, source, isa, function):
-    autoscheduler = manifest.sources[source]["autoscheduler"]
-    as_params = [f"autoscheduler.{k}={v}" for k, v in manifest.autoscheduler_params(source, isa, function).items()]
+    as_params = manifest.autoscheduler_params(source, isa, function)
     if source == "anderson2021" and function in ANDERSON_RESTRICTED:
         as_params = with_params(as_params, ANDERSON_RETRY)
     if (source, isa, function) in RETRY_FROM_THE_START:
         as_params = with_params(as_params, RETRY_FROM_THE_START[(source, isa, function)])
     symbol = f"attn_{function}_{source}_{isa}"
-    plugin = plugin_dir / f"libautoschedule_{autoscheduler.lower()}.so"
+    plugin = plugin_dir / manifest.plugin(source)
     with tempfile.TemporaryDirectory() as tmp:
         def command(autoscheduler_params):
             return [str(generator_exe), "-g", manifest.function(function)["generator"], "-o", tmp, "-e", "schedule",
-                    "-f", symbol, "-p", str(plugin), f"target={manifest.target(isa)}", f"autoscheduler={autoscheduler}",
-                    *autoscheduler_params, f"function={function}", *manifest.generator_params(function)]
+                    "-f", symbol, "-p", str(plugin), f"target={manifest.target(isa)}",
+                    *manifest.generator_params(function, source, autoscheduler_params, autoscheduler_run=True)]
 
         start = time.time()
         result = subprocess.run(command(as_params), capture_output=True, text=True, timeout=900)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates the checked-in autoscheduled schedules (schedules/frozen/) from the
+# Regenerates the checked-in autoscheduled schedules (generated/frozen/) from the
 # generators: builds the generator executable, runs each autoscheduler plugin per
-# ISA and AOT function, rewrites schedules/frozen/registry.inc. Arguments go to
+# ISA and AOT function, rewrites generated/frozen/registry.inc. Arguments go to
 # tools/freeze_schedules.py (--sources, --isas, --functions, --jobs).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

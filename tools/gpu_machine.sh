@@ -23,11 +23,11 @@
 #                                      length), cpu (the AVX-512 variants beside AVX2 and
 #                                      the CPU peers)
 #
-# Results go to bench/results/gpu/ (or --out DIR, given first): machine.txt, test logs,
+# Results go to generated/results/gpu/ (or --out DIR, given first): machine.txt, test logs,
 # and each part's comparison.{json,md}.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-out=bench/results/gpu
+out=generated/results/gpu
 if [[ "${1:-}" == "--out" ]]; then out="$2"; shift 2; fi
 step="${1:-}"
 shift || true

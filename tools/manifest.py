@@ -1,17 +1,32 @@
-"""manifest.json for the Python tools: the functions, ISAs, schedule sources, shape classes
-and the hand-written schedule's parameters, with the lists derived from them. The build
-reads the same file (cmake/AttnManifest.cmake); nothing here parses CMake or C++.
+"""manifest.json, the project's one table, for every consumer: the functions, ISAs,
+schedule sources, shape classes and the hand-written schedule's parameters, checked, with
+the lists derived from them, and the one builder of generator parameters. At configure time
+the build runs it to write the same table for C++ (attn/generated/manifest.h) and for
+CMake (attn_manifest.cmake: every AOT library to build, with its generator parameters):
+
+    python3 tools/manifest.py emit --header <dir>/attn/generated/manifest.h --cmake <file>
 
     import manifest
     m = manifest.load()
     m.variants()                 # [("autotuned", "sse41"), ...], manifest order
     m.function("attention_layer")["generator"]
+    m.generator_params("attention_layer", "adams2019")
 """
+import argparse
 import json
 import pathlib
+import re
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PATH = ROOT / "manifest.json"
+# The tuned sources' winners (tools/autotune.sh writes them): <isa>/<function>.json.
+TUNED = ROOT / "generated" / "tuned"
+
+# The dimensions min_shapes may bound, in attn::kProblemDimensions' order (the test
+# Manifest.MinShapeDimensionsAreTheRuntimes compares them).
+MIN_SHAPE_DIMENSIONS = ["batch", "seq_q", "seq_k", "heads", "head_dim", "hidden"]
+SOURCE_KINDS = ["hand-written", "tuned", "frozen", "in-process"]
 
 # The fused layer's functions come from this generator; every other generator is one stage's.
 LAYER_GENERATOR = "attention_layer"
@@ -28,17 +43,38 @@ class Manifest:
         self._check()
 
     def _check(self):
+        def error(message):
+            raise ValueError(f"manifest.json: {message}")
         for isa in self.isas.values():
             for source in isa["variants"]:
                 if source not in self.sources:
-                    raise ValueError(f"manifest.json: ISA {isa['name']}: unknown schedule source {source!r}")
+                    error(f"ISA {isa['name']}: unknown schedule source {source!r}")
         for source in self.sources.values():
+            name = source["name"]
+            if source["kind"] not in SOURCE_KINDS:
+                error(f"schedule source {name}: kind {source['kind']!r} is not one of {', '.join(SOURCE_KINDS)}")
             for where, functions in source.get("not_provided", {}).items():
                 if where != "all" and where not in self.isas:
-                    raise ValueError(f"manifest.json: {source['name']}: not_provided names unknown ISA {where!r}")
+                    error(f"{name}: not_provided names unknown ISA {where!r}")
                 for f in functions:
                     if f not in self.functions:
-                        raise ValueError(f"manifest.json: {source['name']}: not_provided names unknown function {f!r}")
+                        error(f"{name}: not_provided names unknown function {f!r}")
+            for where, bounds in source.get("min_shapes", {}).items():
+                if where not in self.isas:
+                    error(f"{name}: min_shapes names unknown ISA {where!r}")
+                for f, extents in bounds.items():
+                    if f not in self.functions:
+                        error(f"{name}: min_shapes names unknown function {f!r}")
+                    for dimension in extents:
+                        if dimension not in MIN_SHAPE_DIMENSIONS:
+                            error(f"{name}: min_shapes of {f} on {where} names {dimension!r}, "
+                                  f"not one of {', '.join(MIN_SHAPE_DIMENSIONS)}")
+            if source.get("min_shapes") and not source.get("min_shapes_because"):
+                error(f"schedule source {name} has min_shapes but no min_shapes_because")
+        for source, isa, _ in self.min_shape_rows():
+            if not self.hand_written(isa):
+                error(f"ISA {isa}: schedule source {source} has min_shapes there, so the ISA needs a "
+                      "hand-written variant to run the shapes below them")
         generators = {f["generator"] for f in self.functions.values()}
         for f in self.functions.values():
             if f.get("tuned_with", f["generator"]) not in generators:
@@ -50,9 +86,29 @@ class Manifest:
     def function(self, name):
         return self.functions[name]
 
-    def generator_params(self, function):
-        """The function's own generator params, as key=value arguments."""
-        return [f"{k}={v}" for k, v in self.functions[function]["params"].items()]
+    def generator_params(self, function, source=None, params=None, autoscheduler_run=False):
+        """The generator parameters of one AOT function: the one builder, for the build (through
+        the emitted .cmake), `attn generate` (through the header), the autotuner and the
+        freezer. The function, how it is scheduled, and the function's own parameters:
+          - source, no params: the source's schedule (hand-written, frozen or in process);
+          - params: the hand-written schedule with them (a tuned source's winner, a candidate);
+          - autoscheduler_run: the source's autoscheduler run now with `params` (freezing, tuning).
+        With no source, only the function's own parameters."""
+        out = [] if source is None else [f"function={function}"]
+        if autoscheduler_run:
+            out += [f"autoscheduler={self.sources[source]['autoscheduler']}"]
+            out += [f"autoscheduler.{k}={v}" for k, v in params.items()]
+        elif params is not None:
+            uses = self.functions[function]["manual_parameters"]
+            out += ["schedule=manual"] + [f"{k}={v}" for k, v in params.items() if k in uses]
+        elif source is not None:
+            out += [f"schedule={source}"]
+        return out + [f"{k}={v}" for k, v in self.functions[function]["params"].items()]
+
+    def plugin(self, source):
+        """The file name of the autoscheduler plugin the source's generator run loads, or None."""
+        name = self.sources[source].get("autoscheduler")
+        return f"libautoschedule_{name.lower()}.so" if name else None
 
     def functions_of_generator(self, generator):
         return [name for name, f in self.functions.items() if f["generator"] == generator]
@@ -120,6 +176,300 @@ class Manifest:
     def manual_defaults(self):
         return {name: p["default"] for name, p in self.manual_parameters.items()}
 
+    def hand_written(self, isa):
+        """The ISA's hand-written schedule source (the fallback of its other variants), or None."""
+        return next((s for s in self.isas[isa]["variants"] if self.sources[s]["kind"] == "hand-written"), None)
+
+    def min_shape_rows(self):
+        """(source, ISA, {dimension: extent}) of every min_shapes entry, for the ISA it names and
+        every ISA that takes its frozen schedules (frozen_schedules_of) with a variant of the source."""
+        rows = []
+        for name, source in self.sources.items():
+            for where, bounds in source.get("min_shapes", {}).items():
+                for isa, entry in self.isas.items():
+                    if entry.get("frozen_schedules_of", isa) == where and name in entry["variants"]:
+                        rows += [(name, isa, {"function": f, **extents}) for f, extents in bounds.items()]
+        return rows
+
+    def tuned_classes(self, isa, function):
+        """A tuned source's compiled functions of one ISA: [(shape classes, hand-written params)],
+        from generated/tuned/<isa>/<function>.json."""
+        path = TUNED / isa / f"{function}.json"
+        entries = json.loads(path.read_text())["classes"]
+        for e in entries:
+            for c in e["shape_classes"]:
+                if c not in self.shape_classes:
+                    raise ValueError(f"{path}: shape class {c!r} is not one of manifest.json's "
+                                     f"({', '.join(self.shape_classes)})")
+        return [(e["shape_classes"], e["params"]) for e in entries]
+
+    @staticmethod
+    def tuned_text(function, classes):
+        """A tuned source's winners of one function as generated/tuned/<isa>/<function>.json
+        holds them: [(shape classes, params)], one line each; the search that chose them is in
+        <function>.provenance.json beside it."""
+        lines = [json.dumps({"shape_classes": c, "params": p}) for c, p in classes]
+        return ("{\n" f' "function": {json.dumps(function)},\n'
+                f' "provenance": {json.dumps(function + ".provenance.json")},\n'
+                ' "classes": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n")
+
+    def max_seq(self, classes):
+        """The largest max(S_q, S_k) the classes serve together (0: unbounded)."""
+        bounds = [self.shape_classes[c].get("max_seq", 0) for c in classes]
+        return 0 if 0 in bounds else max(bounds)
+
+    def aot_libraries(self, only=None):
+        """Every AOT library of the build, in manifest order: one per variant, provided function
+        and (for a tuned source) entry of its shape classes; `only` (a regex over variant
+        names, ATTN_ONLY_VARIANTS) keeps some variants. Each is a dict: name, source, isa,
+        function, generator, max_seq, plugin (a CMake target), params."""
+        libraries = []
+        for source, isa in self.variants():
+            if only and not re.search(only, f"{source}_{isa}"):
+                continue
+            for function, f in self.functions.items():
+                if not self.provides(source, isa, function):
+                    continue
+                if self.sources[source]["kind"] == "tuned":
+                    entries = self.tuned_classes(isa, function)
+                    builds = [(("_" + classes[0]) if len(entries) > 1 else "", self.max_seq(classes),
+                               self.generator_params(function, source, params)) for classes, params in entries]
+                else:
+                    builds = [("", 0, self.generator_params(function, source))]
+                for suffix, max_seq, params in builds:
+                    libraries.append({"name": f"attn_{function}_{source}_{isa}{suffix}", "source": source,
+                                      "isa": isa, "function": function, "generator": f["generator"],
+                                      "max_seq": max_seq, "plugin": self.sources[source].get("plugin", ""),
+                                      "params": params})
+        return libraries
+
+    def inputs(self):
+        """The files the emitted tables depend on."""
+        tuned = [TUNED / isa / f"{function}.json" for source, isa in self.variants("tuned")
+                 for function in self.functions if self.provides(source, isa, function)]
+        return [PATH, pathlib.Path(__file__).resolve()] + tuned
+
 
 def load(path=PATH):
     return Manifest(json.loads(pathlib.Path(path).read_text()))
+
+
+# ---- the C++ header and the CMake include ----
+
+def _c(text):
+    """A C string literal."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _names(items):
+    """A Names literal: a list of string literals (empty: Names{})."""
+    return "Names{{" + ", ".join(_c(i) for i in items) + "}}"
+
+
+HEADER = """\
+// Generated by tools/manifest.py from manifest.json. Do not edit.
+#pragma once
+
+#include <cstddef>
+#include <initializer_list>
+#include <iterator>
+#include <string_view>
+
+namespace attn::manifest {{
+
+// A list of names (or of key=value parameters), iterable.
+struct Names {{
+    std::initializer_list<const char *> items;
+    constexpr const char *const *begin() const {{ return items.begin(); }}
+    constexpr const char *const *end() const {{ return items.end(); }}
+    constexpr std::size_t size() const {{ return items.size(); }}
+    constexpr bool contains(std::string_view name) const {{
+        for (const char *item : items) {{
+            if (name == item) return true;
+        }}
+        return false;
+    }}
+}};
+
+struct Function {{
+    const char *name, *stage, *generator;
+    Names params;  // its own generator parameters, key=value
+    Names arguments, manual_parameters;
+    bool fused_layer;  // of the fused layer's generator; else a stage, or the attention core
+}};
+inline constexpr Function kFunctions[] = {{
+{functions}}};
+
+struct Isa {{
+    const char *name, *halide_target, *device;
+    Names cpu_features;
+    int dispatch_rank;  // 0: chosen by name only
+    bool cross_compiled;
+    const char *frozen_schedules_of;
+    Names variants;  // the schedule sources it is built with
+}};
+inline constexpr Isa kIsas[] = {{
+{isas}}};
+
+struct ScheduleSource {{
+    const char *name, *kind;
+    int dispatch_priority;  // 0: chosen by name only
+    const char *autoscheduler;
+    Names cpu_params, gpu_params;  // the autoscheduler's, key=value
+    Names not_bitwise_reproducible_on;  // ISAs
+    const char *min_shapes_because;  // why its kernels need the extents of kMinShapes
+}};
+inline constexpr ScheduleSource kScheduleSources[] = {{
+{sources}}};
+
+// The smallest extents a source's own kernels of a function run on an ISA (min_shapes;
+// an ISA with frozen_schedules_of inherits them); below them, a call runs the ISA's
+// hand-written variant. Every other (source, ISA, function) runs every shape.
+inline constexpr const char *kMinShapeDimensions[] = {{{dimensions}}};
+struct MinShape {{
+    const char *source, *isa, *function;
+    long long extents[std::size(kMinShapeDimensions)];  // by kMinShapeDimensions (attn::kProblemDimensions)
+}};
+inline constexpr std::initializer_list<MinShape> kMinShapes = {{
+{min_shapes}}};
+
+struct NotProvided {{
+    const char *source, *isa, *function;  // isa "all": on every ISA
+}};
+inline constexpr std::initializer_list<NotProvided> kNotProvided = {{
+{not_provided}}};
+
+struct ShapeClass {{
+    const char *name;
+    int max_seq;  // the largest max(S_q, S_k) of the class; 0: no bound
+}};
+inline constexpr ShapeClass kShapeClasses[] = {{
+{classes}}};
+
+// The shared memory a GPU kernel's block may use (manifest.json: gpu_shared_memory_per_block).
+inline constexpr int kGpuSharedMemoryPerBlock = {shared_memory};
+
+// The hand-written schedule's parameters: each one's one home (tools/autotune.py searches them).
+struct ManualParameter {{
+    const char *name;
+    int default_value, gpu_default, min, max;
+}};
+inline constexpr ManualParameter kManualParameters[] = {{
+{parameters}}};
+
+constexpr const ManualParameter &manual_parameter(std::string_view name) {{
+    for (const ManualParameter &p : kManualParameters) {{
+        if (name == p.name) return p;
+    }}
+    throw "manifest.json: no such manual parameter";
+}}
+
+// The generator parameters of each function of each schedule source that is not tuned, on
+// a target of the caller's (attn generate): tools/manifest.py's builder, as the build uses it.
+struct GeneratorParams {{
+    const char *source, *function;
+    Names params;
+    const char *plugin;  // the autoscheduler plugin library it loads, or ""
+}};
+inline constexpr GeneratorParams kGeneratorParams[] = {{
+{generator_params}}};
+
+}}  // namespace attn::manifest
+
+// X("feature") for every CPU feature an ISA needs (__builtin_cpu_supports takes literals).
+#define ATTN_FOR_EACH_CPU_FEATURE(X){features}
+"""
+
+
+def emit_header(m, path):
+    rows = lambda items: "".join(f"    {{{i}}},\n" for i in items)  # noqa: E731
+    functions = [", ".join([_c(n), _c(f["stage"]), _c(f["generator"]), _names(m.generator_params(n)),
+                            _names(f["arguments"]), _names(f["manual_parameters"]),
+                            "true" if f["generator"] == LAYER_GENERATOR else "false"])
+                 for n, f in m.functions.items()]
+    isas = [", ".join([_c(n), _c(i["halide_target"]), _c(i["device"]), _names(i.get("cpu_features", [])),
+                       str(i.get("dispatch_rank", 0)), "true" if i.get("cross_compiled") else "false",
+                       _c(i.get("frozen_schedules_of", n)), _names(i["variants"])]) for n, i in m.isas.items()]
+    sources = []
+    for n, s in m.sources.items():
+        params = s.get("autoscheduler_params", {})
+        sources.append(", ".join([_c(n), _c(s["kind"]), str(s.get("dispatch_priority", 0)),
+                                  _c(s.get("autoscheduler", "")),
+                                  _names([f"{k}={v}" for k, v in params.get("cpu", {}).items()]),
+                                  _names([f"{k}={v}" for k, v in params.get("gpu", {}).items()]),
+                                  _names(s.get("not_bitwise_reproducible_on", [])),
+                                  _c(s.get("min_shapes_because", ""))]))
+    min_shapes = [", ".join([_c(source), _c(isa), _c(e["function"])]) + ", {" +
+                  ", ".join(str(e.get(d, 1)) for d in MIN_SHAPE_DIMENSIONS) + "}"
+                  for source, isa, e in m.min_shape_rows()]
+    not_provided = [", ".join([_c(n), _c(where), _c(f)]) for n, s in m.sources.items()
+                    for where, functions in s.get("not_provided", {}).items() for f in functions]
+    classes = [f"{_c(n)}, {c.get('max_seq', 0)}" for n, c in m.shape_classes.items()]
+    parameters = [", ".join([_c(n), str(p["default"]), str(p.get("gpu_default", p["default"])), str(p["min"]),
+                             str(p["max"])]) for n, p in m.manual_parameters.items()]
+    generator_params = [", ".join([_c(source), _c(function), _names(m.generator_params(function, source)),
+                                   _c(m.plugin(source) if s["kind"] == "in-process" else "")])
+                        for source, s in m.sources.items() if s["kind"] != "tuned"
+                        for function in m.functions if m.provides(source, "all", function)]
+    features = list(dict.fromkeys(f for i in m.isas.values() for f in i.get("cpu_features", [])))
+    text = HEADER.format(functions=rows(functions), isas=rows(isas), sources=rows(sources),
+                         dimensions=", ".join(_c(d) for d in MIN_SHAPE_DIMENSIONS), min_shapes=rows(min_shapes),
+                         not_provided=rows(not_provided), classes=rows(classes),
+                         shared_memory=m.data["gpu_shared_memory_per_block"]["bytes"], parameters=rows(parameters),
+                         generator_params=rows(generator_params),
+                         features="".join(f" X({_c(f)})" for f in features))
+    _write_if_changed(path, text)
+
+
+def emit_cmake(m, path, only):
+    """The build's data: the runtime target, the ISAs, every variant's AOT libraries with their
+    generator parameters (cmake/AttnVariants.cmake builds them), and the files they came from."""
+    def cmake_list(items):
+        return " ".join(f"[==[{i}]==]" for i in items)
+    lines = ["# Generated by tools/manifest.py from manifest.json and generated/tuned/. Do not edit.",
+             f"set(ATTN_RUNTIME_TARGET [==[{m.data['runtime_target']}]==])",
+             f"set(ATTN_MANIFEST_INPUTS {cmake_list(str(p) for p in m.inputs())})",
+             f"set(ATTN_ISAS {' '.join(m.isas)})"]
+    for name, isa in m.isas.items():
+        lines.append(f"set(ATTN_ISA_{name}_TARGET [==[{isa['halide_target']}]==])")
+        lines.append(f"set(ATTN_ISA_{name}_CROSS {'ON' if isa.get('cross_compiled') else 'OFF'})")
+    variants = [f"{s}_{i}" for s, i in m.variants() if not only or re.search(only, f"{s}_{i}")]
+    lines.append(f"set(ATTN_VARIANTS {' '.join(variants)})")
+    libraries = m.aot_libraries(only)
+    for v in variants:
+        names = [lib["name"] for lib in libraries if f"{lib['source']}_{lib['isa']}" == v]
+        source, isa = next((lib["source"], lib["isa"]) for lib in libraries if f"{lib['source']}_{lib['isa']}" == v)
+        lines.append(f"set(ATTN_VARIANT_{v} SOURCE {source} ISA {isa} LIBRARIES {' '.join(names)})")
+    for lib in libraries:
+        plugin = f" PLUGIN {lib['plugin']}" if lib["plugin"] else ""
+        lines.append(f"set(ATTN_LIBRARY_{lib['name']} FUNCTION {lib['function']} GENERATOR {lib['generator']} "
+                     f"MAX_SEQ {lib['max_seq']}{plugin} PARAMS {cmake_list(lib['params'])})")
+    _write_if_changed(path, "\n".join(lines) + "\n")
+
+
+def _write_if_changed(path, text):
+    """Leaves an unchanged file as it is, so that nothing depending on it rebuilds."""
+    path = pathlib.Path(path)
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    emit = sub.add_parser("emit", help="write the C++ header and the CMake include")
+    emit.add_argument("--header", required=True)
+    emit.add_argument("--cmake", required=True)
+    emit.add_argument("--only-variants", default="", help="a regex over variant names (ATTN_ONLY_VARIANTS)")
+    args = parser.parse_args()
+    try:
+        m = load()
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        sys.exit(f"tools/manifest.py: {e}")
+    emit_header(m, args.header)
+    emit_cmake(m, args.cmake, args.only_variants)
+
+
+if __name__ == "__main__":
+    main()

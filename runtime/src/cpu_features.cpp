@@ -4,8 +4,6 @@
 #include "attn/generated/manifest.h"
 #include "attn/internal.h"
 
-#include <sstream>
-
 namespace attn::detail {
 
 namespace {
@@ -30,9 +28,8 @@ bool cpu_supports(const std::string &isa, std::string *missing) {
             return false;
         }
         std::string absent;
-        std::istringstream features(i.cpu_features);
-        for (std::string feature; features >> feature;) {
-            if (!has(feature)) absent += (absent.empty() ? "" : " ") + feature;
+        for (const char *feature : i.cpu_features) {
+            if (!has(feature)) absent += (absent.empty() ? "" : " ") + std::string(feature);
         }
         if (missing) *missing = absent.empty() ? "" : "this CPU lacks " + absent;
         return absent.empty();

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <sstream>
 
 // The compiled functions' headers (the table's macros are left undefined: only the includes).
 #include "attn/generated/compiled_functions.inc"
@@ -22,21 +21,13 @@ struct Entry {
     bool registered = false;    // by detail::register_variant, not compiled in
 };
 
-bool listed(const char *space_separated, const std::string &word) {
-    std::istringstream words(space_separated);
-    for (std::string w; words >> w;) {
-        if (w == word) return true;
-    }
-    return false;
-}
-
 Entry make_entry(const std::string &schedule, const std::string &isa, detail::FunctionTable functions) {
     Entry e{{}, std::move(functions)};
     e.info.schedule = schedule;
     e.info.isa = isa;
     e.info.name = schedule + "_" + isa;
     e.info.device = "cpu";
-    const char *isa_variants = "";  // the schedule sources the ISA is built with
+    manifest::Names isa_variants;  // the schedule sources the ISA is built with
     for (const manifest::Isa &i : manifest::kIsas) {
         if (isa != i.name) continue;
         e.info.target = i.halide_target;
@@ -47,18 +38,18 @@ Entry make_entry(const std::string &schedule, const std::string &isa, detail::Fu
     for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
         if (schedule != s.name) continue;
         e.dispatch_priority = s.dispatch_priority;
-        e.info.bitwise_reproducible = !listed(s.not_bitwise_reproducible_on, isa);
+        e.info.bitwise_reproducible = !s.not_bitwise_reproducible_on.contains(isa);
         e.info.min_shapes_because = s.min_shapes_because;
     }
     for (const manifest::MinShape &m : manifest::kMinShapes) {
-        if (!m.source || schedule != m.source || isa != m.isa) continue;
+        if (schedule != m.source || isa != m.isa) continue;
         ProblemExtents &bound = e.info.min_shapes[m.function];
         for (std::size_t d = 0; d < std::size(kProblemDimensions); ++d)
             bound.*kProblemDimensions[d].extent = m.extents[d];
     }
     if (!e.info.min_shapes.empty()) {
         for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
-            if (std::string(s.kind) == "hand-written" && listed(isa_variants, s.name)) {
+            if (std::string(s.kind) == "hand-written" && isa_variants.contains(s.name)) {
                 e.info.fallback = std::string(s.name) + "_" + isa;
             }
         }
@@ -198,6 +189,14 @@ int call(const CompiledFunction &function, const Arguments &arguments, const std
         }
         argv[std::size_t(i)] =
             buffer ? static_cast<void *>(v->buffer) : const_cast<halide_scalar_value_t *>(&v->scalar);
+    }
+    for (const Arguments::Value &v : arguments.values()) {
+        const auto *end = metadata->arguments + metadata->num_arguments;
+        if (std::none_of(metadata->arguments, end,
+                         [&](const halide_filter_argument_t &a) { return v.name == a.name; })) {
+            throw Error("variant", what + " takes no argument '" + v.name +
+                                       "', which the runtime passes (manifest.json and the generator disagree)");
+        }
     }
     return function.argv(argv.data());
 }

@@ -40,6 +40,7 @@ public:
         halide_scalar_value_t scalar;
     };
     const Value *find(const char *name) const;
+    const std::vector<Value> &values() const { return values_; }
 
 private:
     Arguments &add(const std::string &name, halide_buffer_t *buffer, halide_type_t type, halide_scalar_value_t scalar);
@@ -47,8 +48,9 @@ private:
 };
 
 // Calls `function` with `arguments` bound by name; returns Halide's status. A function
-// argument that `arguments` lacks, or holds with another kind or type, is a mismatch between
-// manifest.json and a generator: attn::Error("variant") naming it, before any call.
+// argument that `arguments` lacks, or holds with another kind or type, and an argument the
+// function does not take, are mismatches between manifest.json, the runtime and a
+// generator: attn::Error("variant") naming it, before any call.
 int call(const CompiledFunction &function, const Arguments &arguments, const std::string &what);
 
 // The variant's compiled functions, whether or not it runs here (their metadata can be read).

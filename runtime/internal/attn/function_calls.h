@@ -1,0 +1,84 @@
+// Every manifest function called by its name (attn::internal): the outputs it writes on a
+// call's extents, the call through the public API made ready on given inputs (views of
+// host memory, or of device memory where the benchmarks place them), and its double and
+// plain float32 references on host copies of the same inputs. Each function's entry sits
+// beside its public function (runtime/src/stages.cpp, attention.cpp, packed.cpp), so a new
+// function is callable here as soon as it has its API; the tests' checks and the
+// benchmarks' cases derive from this (Manifest.EveryFunctionHasACall holds it to the manifest).
+#pragma once
+
+#include "attn/attention.h"
+#include "attn/reference.h"
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace attn::detail {
+
+// The inputs a call may read, by the manifest's argument names; the caller fills those
+// the function takes.
+struct CallInputs {
+    ConstTensor x, kv;    // [B, S_q, H] and [B, S_k, H] (the projections' x_q, x_kv; kv empty: x)
+    ConstTensor q, k, v;  // the stages' inputs: [B, S_q, H], [B, S_k, H]
+    ConstTensor scores;   // [B, heads, S_q, S_k]
+    ConstTensor probs;    // [B, heads, S_q, S_k]
+    ConstTensor ctx;      // [B, S_q, H]
+    MaskTensor key_padding_mask;
+    ConstTensor bias;  // [1, heads, S_q, S_k] (packed functions: viewed as [heads, S, S])
+    LayerWeights weights;
+    PackedInputs packed;  // the packed functions' tokens and offsets (their bias: from `bias`)
+};
+
+// A function's output: its name and shape.
+struct CallOutput {
+    std::string name;
+    Shape shape;
+};
+
+// The references of a call's outputs, in the order of its outputs.
+struct CallReference {
+    std::vector<std::vector<double>> exact;
+    std::vector<std::vector<float>> float32;
+};
+
+// The extents and options of a call: the config (hidden size, heads, causal) and B, S_q, S_k.
+struct CallShape {
+    Config config;
+    int64_t batch = 1, s_q = 1, s_k = 1;
+};
+
+struct FunctionCall {
+    // The outputs the function writes (inputs: for the packed functions' sizes).
+    std::function<std::vector<CallOutput>(const CallShape &, const CallInputs &)> outputs;
+    // Makes the call ready (an Attention made for the layer, its weights uploaded for a GPU
+    // variant) and returns the call itself: it writes `outputs` (in the order of outputs())
+    // and waits for the device.
+    std::function<std::function<void()>(const VariantInfo &, const CallShape &, const CallInputs &,
+                                        const std::vector<MutableTensor> &outputs)>
+        prepare;
+    // The double reference and the plain float32 one, on host inputs.
+    std::function<CallReference(const CallShape &, const CallInputs &)> reference;
+    // Whether it reads the layer's intermediates (q, k, v, scores, probs or ctx), which a
+    // caller must then fill in; else only the layer's own inputs.
+    bool reads_intermediates = false;
+};
+
+// The call of a manifest function; throws attn::Error("function") for one without an entry.
+const FunctionCall &function_call(const std::string &function);
+bool has_function_call(const std::string &function);
+
+// The entries of the fused layer's functions (attention.cpp, packed.cpp).
+FunctionCall layer_call(bool with_probs);
+FunctionCall packed_layer_call(bool with_probs);
+
+// A layer's references (reference::LayerOutputs or PackedOutputs): y, and the probabilities.
+template <typename Exact, typename Float32>
+CallReference layer_reference(Exact exact, Float32 float32, bool with_probs) {
+    CallReference r{{std::move(exact.y)}, {std::move(float32.y)}};
+    if (with_probs) r.exact.push_back(std::move(exact.probs)), r.float32.push_back(std::move(float32.probs));
+    return r;
+}
+
+}  // namespace attn::detail

@@ -1,0 +1,188 @@
+#include "pipeline_call.h"
+
+#include "validation.h"
+
+namespace attn::pipeline {
+
+using validation::str;
+
+std::atomic<std::size_t> uploads{0};
+
+Halide::Runtime::Buffer<float> head_view(const MutableTensor &t, int64_t heads) {
+    const int32_t batch = int32_t(t.shape[0]), seq = int32_t(t.shape[1]), hidden = int32_t(t.shape[2]);
+    const int32_t head_dim = int32_t(hidden / heads);
+    halide_dimension_t dims[4] = {
+        {0, head_dim, 1}, {0, int32_t(heads), head_dim}, {0, seq, hidden}, {0, batch, seq * hidden}};
+    return Halide::Runtime::Buffer<float>(t.data, 4, dims);
+}
+
+namespace {
+// Halide reports pipeline and driver failures through its error handler; keep the
+// message for the exception instead of printing it.
+thread_local std::string last_halide_error;
+extern "C" void capture_halide_error(void *, const char *message) { last_halide_error = message; }
+
+template <typename T>
+Halide::Runtime::Buffer<const T> broadcast_row(int32_t s_k, T value, std::initializer_list<int32_t> extents,
+                                               const halide_device_interface_t *gpu, RowCache<T> *cache) {
+    Halide::Runtime::Buffer<T> row;
+    {
+        std::unique_lock<std::mutex> lock;
+        if (cache) lock = std::unique_lock<std::mutex>(cache->mutex), row = cache->row;
+        if (!row.data() || row.dim(0).extent() < s_k) {
+            row = Halide::Runtime::Buffer<T>(s_k);
+            row.fill(value);
+            if (gpu) {
+                check_halide(row.copy_to_device(gpu), "halide", "copying an absent input's constant row to the device");
+                ++uploads;
+            }
+            if (cache) cache->row = row;
+        }
+    }
+    Halide::Runtime::Buffer<const T> view = row;  // shares the host and device allocations
+    view.raw_buffer()->dim[0].extent = s_k;       // a longer cached row serves too
+    for (int32_t extent : extents) {
+        view.add_dimension_with_stride(0);
+        view.raw_buffer()->dim[view.dimensions() - 1].extent = extent;
+    }
+    return view;
+}
+}  // namespace
+
+void check_halide(int status, const std::string &argument, const std::string &what) {
+    if (status != 0) {
+        throw Error(argument, what + " failed with code " + std::to_string(status) + ": " + last_halide_error);
+    }
+}
+
+void prepare_halide(const VariantInfo &variant) {
+    static const bool handler_installed = (halide_set_error_handler(capture_halide_error), true);
+    (void)handler_installed;
+    detail::install_scratch_cache();
+    if (variant.device != "cpu") {
+        // Keep freed device buffers for the next call instead of returning them to the driver.
+        static const bool reuse = (halide_reuse_device_allocations(nullptr, true), true);
+        (void)reuse;
+    }
+    last_halide_error.clear();
+}
+
+ProblemExtents extents(int64_t batch, int64_t s_q, int64_t s_k, int64_t heads, int64_t hidden) {
+    return {batch, s_q, s_k, heads, heads > 0 ? hidden / heads : 0, hidden};
+}
+
+MaskInput mask_input(const MaskTensor &mask, int64_t batch, int64_t s_k, const halide_device_interface_t *gpu,
+                     RowCache<uint8_t> *ones) {
+    MaskInput m;
+    if (mask.empty()) {
+        m.buffer = broadcast_row<uint8_t>(int32_t(s_k), 1, {int32_t(batch)}, gpu, ones);
+        m.placed = true;
+        return m;
+    }
+    validation::check_key_padding_mask(mask, batch, s_k);
+    m.buffer = halide_view(mask);
+    m.memory = mask.memory;
+    return m;
+}
+
+BiasInput bias_input(const ConstTensor &bias, int64_t batch, int64_t heads, int64_t s_q, int64_t s_k,
+                     const halide_device_interface_t *gpu, RowCache<float> *zeros) {
+    const int32_t sk = int32_t(s_k), sq = int32_t(s_q), h = int32_t(heads), bt = int32_t(batch);
+    BiasInput b;
+    if (bias.empty()) {
+        b.buffer = broadcast_row<float>(sk, 0.0f, {sq, h, bt}, gpu, zeros);
+        b.placed = true;
+        return b;
+    }
+    const char *layout = "[B or 1, heads or 1, S_q, S_k]";
+    const Shape &shape = validation::check_rank("bias", bias, 4, layout);
+    const bool ok = (shape[0] == batch || shape[0] == 1) && (shape[1] == heads || shape[1] == 1) && shape[2] == s_q &&
+                    shape[3] == s_k;
+    if (!ok) {
+        throw Error("bias", std::string("expected shape ") + layout + " = [" + std::to_string(batch) + " or 1, " +
+                                std::to_string(heads) + " or 1, " + std::to_string(s_q) + ", " + std::to_string(s_k) +
+                                "], got " + str(shape));
+    }
+    validation::check_tensor("bias", bias, shape, layout);
+    const int32_t head_stride = shape[1] == 1 ? 0 : sq * sk;
+    const int32_t batch_stride = shape[0] == 1 ? 0 : int32_t(shape[1]) * sq * sk;
+    halide_dimension_t dims[4] = {{0, sk, 1}, {0, sq, sk}, {0, h, head_stride}, {0, bt, batch_stride}};
+    b.buffer = Halide::Runtime::Buffer<const float>(bias.data, 4, dims);
+    b.memory = bias.memory;
+    return b;
+}
+
+BiasInput packed_bias_input(const ConstTensor &bias, int64_t sequences, int64_t heads, int64_t s_max,
+                            const halide_device_interface_t *gpu, RowCache<float> *zeros) {
+    if (bias.empty()) return bias_input(bias, sequences, heads, s_max, s_max, gpu, zeros);
+    const int32_t side = int32_t(bias.shape[1]);  // validated by forward_packed
+    const halide_dimension_t dims[4] = {{0, side, 1},
+                                        {0, side, side},
+                                        {0, int32_t(heads), bias.shape[0] == 1 ? 0 : side * side},
+                                        {0, int32_t(sequences), 0}};
+    BiasInput b;
+    b.buffer = Halide::Runtime::Buffer<const float>(bias.data, 4, dims);
+    b.memory = bias.memory;
+    return b;
+}
+
+WeightBuffers::WeightBuffers(const LayerWeights &w, bool projections, bool output) {
+    for (const validation::WeightArgument &a : validation::kWeightArguments) {
+        if (a.output ? !output : !projections) continue;
+        const ConstTensor &t = w.*a.tensor;
+        weights.push_back({a.name, halide_view(t), t.memory});
+    }
+}
+
+Call::Call(const std::string &function, const VariantInfo &variant, const ProblemExtents &extents)
+    : what_(function + " (" + variant.name +
+            (variant.runs_own_kernels(function, extents) ? "" : ", " + variant.fallback + "'s kernels") + ")"),
+      variant_(variant),
+      compiled_(detail::function_for(variant, function, extents)),
+      gpu_(detail::device_interface(variant.device)) {
+    prepare_halide(variant);
+}
+
+Call &Call::weights(WeightBuffers &w, bool uploaded) {
+    for (WeightBuffers::Weight &weight : w.weights) {
+        if (uploaded) {
+            placed(weight.name, weight.buffer.raw_buffer());
+        } else {
+            input(weight.name, weight.buffer, weight.memory);
+        }
+    }
+    return *this;
+}
+
+void check_cuda_variant(const char *name, const VariantInfo &variant) {
+    if (variant.device != "cuda") {
+        throw Error(name, "is CUDA device memory, but variant '" + variant.name + "' runs on " +
+                              (variant.device != "cpu" ? variant.device : std::string("the CPU")) +
+                              "; pass host memory or choose a CUDA variant");
+    }
+}
+
+void Call::run() {
+    check_halide(detail::call(compiled_, arguments_, what_), "halide", what_);
+    for (auto &[name, buffer] : host_outputs_) {
+        check_halide(halide_copy_to_host(nullptr, buffer), name, "copying the result to the host");
+    }
+}
+
+}  // namespace attn::pipeline
+
+namespace attn::detail {
+DeviceWeights::DeviceWeights(const LayerWeights &w, const VariantInfo &variant) : weights(w, true, true) {
+    pipeline::prepare_halide(variant);
+    const halide_device_interface_t *gpu = device_interface(variant.device);
+    for (pipeline::WeightBuffers::Weight &weight : weights.weights) {
+        if (weight.memory == Memory::device) {
+            pipeline::wrap_device_memory(weight.name, weight.buffer, variant);
+            continue;
+        }
+        weight.buffer.set_host_dirty();  // copy_to_device copies only a buffer marked so
+        pipeline::check_halide(weight.buffer.copy_to_device(gpu), weight.name, "copying the weight to the device");
+        ++pipeline::uploads;
+    }
+}
+}  // namespace attn::detail

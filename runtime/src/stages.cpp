@@ -1,0 +1,318 @@
+// The stages of the layer, each its own AOT pipeline (attn::stages): validate, bind by
+// name, call; and every manifest function's entry in the by-name call table
+// (attn/function_calls.h), each stage's beside it.
+#include "attn/attention.h"
+#include "attn/function_calls.h"
+
+#include "pipeline_call.h"
+#include "validation.h"
+
+#include <map>
+#include <memory>
+
+namespace attn::stages {
+
+using namespace validation;
+using pipeline::halide_view;
+
+namespace {
+// The config, q [B, S_q, H] and k [B, S_k, H] of a stage that attends: q's shape, and S_k.
+std::pair<Shape, int64_t> check_queries_and_keys(const Config &config, const ConstTensor &q, const ConstTensor &k) {
+    check_config(config);
+    const Shape &qs = check_rank("q", q, 3, "[B, S_q, H]");
+    check_tensor("q", q, {qs[0], qs[1], config.hidden_size}, "[B, S_q, H]");
+    const int64_t s_k = check_rank("k", k, 3, "[B, S_k, H]")[1];
+    check_tensor("k", k, {qs[0], s_k, config.hidden_size}, "[B, S_k, H]");
+    return {qs, s_k};
+}
+
+// ---- the by-name call table (attn/function_calls.h) ----
+
+using detail::CallInputs;
+using detail::CallOutput;
+using detail::CallReference;
+using detail::CallShape;
+using detail::FunctionCall;
+
+Shape q_shape(const CallShape &c) { return {c.batch, c.s_q, c.config.hidden_size}; }
+Shape kv_shape(const CallShape &c) { return {c.batch, c.s_k, c.config.hidden_size}; }
+Shape score_shape(const CallShape &c) { return {c.batch, c.config.num_heads, c.s_q, c.s_k}; }
+reference::Sizes sizes(const CallShape &c) { return {c.batch, c.s_q, c.s_k}; }
+template <typename T>
+std::vector<T> widen(const ConstTensor &t) {
+    return reference::widen<T>(t);
+}
+
+// A stage after the projections (one output, the layer's intermediates in):
+// `call(variant, config, inputs, output)`, `reference(shape, inputs, T())` in T.
+template <typename Call, typename Reference>
+FunctionCall one_output_stage(const char *output, Shape (*shape)(const CallShape &), Call call, Reference reference) {
+    FunctionCall f;
+    f.outputs = [output, shape](const CallShape &c, const CallInputs &) {
+        return std::vector<CallOutput>{{output, shape(c)}};
+    };
+    f.prepare = [call](const VariantInfo &variant, const CallShape &c, const CallInputs &in,
+                       const std::vector<MutableTensor> &out) -> std::function<void()> {
+        return [&variant, config = c.config, in, out, call] {
+            call(variant, config, in, out[0]);
+            synchronize(variant);
+        };
+    };
+    f.reference = [reference](const CallShape &c, const CallInputs &in) {
+        return CallReference{{reference(c, in, double())}, {reference(c, in, float())}};
+    };
+    f.reads_intermediates = true;
+    return f;
+}
+
+}  // namespace
+
+void qkv_projection(const VariantInfo &variant, const Config &config, ConstTensor x_q, ConstTensor x_kv,
+                    const LayerWeights &weights, MutableTensor q, MutableTensor k, MutableTensor v) {
+    detail::runnable_functions(variant);
+    check_config(config);
+    check_weights(config, weights, true, false);
+    const int64_t hidden = config.hidden_size;
+    const Shape &xq = check_rank("x_q", x_q, 3, "[B, S_q, H]");
+    check_tensor("x_q", x_q, {xq[0], xq[1], hidden}, "[B, S_q, H]");
+    const int64_t s_k = check_rank("x_kv", x_kv, 3, "[B, S_k, H]")[1];
+    check_tensor("x_kv", x_kv, {xq[0], s_k, hidden}, "[B, S_k, H]");
+    check_tensor("q", q, {xq[0], xq[1], hidden}, "[B, S_q, H]");
+    check_tensor("k", k, {xq[0], s_k, hidden}, "[B, S_k, H]");
+    check_tensor("v", v, {xq[0], s_k, hidden}, "[B, S_k, H]");
+    auto xq_buffer = halide_view(x_q), xkv_buffer = halide_view(x_kv);
+    pipeline::WeightBuffers w(weights, true, false);
+    auto q_buffer = halide_view(q), k_buffer = halide_view(k), v_buffer = halide_view(v);
+    pipeline::Call call("qkv_projection", variant, pipeline::extents(xq[0], xq[1], s_k, config.num_heads, hidden));
+    call.input("x_q", xq_buffer, x_q.memory).input("x_kv", xkv_buffer, x_kv.memory).weights(w, false);
+    call.output("q", q_buffer, q.memory).output("k", k_buffer, k.memory).output("v", v_buffer, v.memory).run();
+}
+
+namespace {
+FunctionCall qkv_projection_call() {
+    FunctionCall f;
+    f.outputs = [](const CallShape &c, const CallInputs &) {
+        return std::vector<CallOutput>{{"q", q_shape(c)}, {"k", kv_shape(c)}, {"v", kv_shape(c)}};
+    };
+    f.prepare = [](const VariantInfo &variant, const CallShape &c, const CallInputs &in,
+                   const std::vector<MutableTensor> &out) -> std::function<void()> {
+        const ConstTensor kv = in.kv.empty() ? in.x : in.kv;
+        return [&variant, config = c.config, in, kv, out] {
+            qkv_projection(variant, config, in.x, kv, in.weights, out[0], out[1], out[2]);
+            synchronize(variant);
+        };
+    };
+    f.reference = [](const CallShape &c, const CallInputs &in) {
+        const ConstTensor kv = in.kv.empty() ? in.x : in.kv;
+        const LayerWeights &w = in.weights;
+        const int64_t rows_q = c.batch * c.s_q, rows_k = c.batch * c.s_k;
+        const std::vector<double> xd = widen<double>(in.x), kvd = widen<double>(kv);
+        const std::vector<float> xf = widen<float>(in.x), kvf = widen<float>(kv);
+        CallReference r;
+        r.exact = {reference::linear(xd, rows_q, w.w_q, w.b_q), reference::linear(kvd, rows_k, w.w_k, w.b_k),
+                   reference::linear(kvd, rows_k, w.w_v, w.b_v)};
+        r.float32 = {reference::linear(xf, rows_q, w.w_q, w.b_q), reference::linear(kvf, rows_k, w.w_k, w.b_k),
+                     reference::linear(kvf, rows_k, w.w_v, w.b_v)};
+        return r;
+    };
+    return f;
+}
+}  // namespace
+
+void attention_scores(const VariantInfo &variant, const Config &config, ConstTensor q, ConstTensor k, ConstTensor bias,
+                      MutableTensor scores) {
+    detail::runnable_functions(variant);
+    const int64_t hidden = config.hidden_size, heads = config.num_heads;
+    const auto [qs, s_k] = check_queries_and_keys(config, q, k);
+    check_tensor("scores", scores, {qs[0], heads, qs[1], s_k}, "[B, heads, S_q, S_k]");
+    pipeline::prepare_halide(variant);
+    pipeline::BiasInput b =
+        pipeline::bias_input(bias, qs[0], heads, qs[1], s_k, detail::device_interface(variant.device));
+    auto q_buffer = halide_view(q), k_buffer = halide_view(k);
+    auto s_buffer = halide_view(scores);
+    pipeline::Call call("attention_scores", variant, pipeline::extents(qs[0], qs[1], s_k, heads, hidden));
+    call.input("q", q_buffer, q.memory).input("k", k_buffer, k.memory).input("bias", b);
+    call.scalar("heads", int32_t(heads)).output("scores", s_buffer, scores.memory).run();
+}
+
+namespace {
+FunctionCall attention_scores_call() {
+    return one_output_stage(
+        "scores", score_shape,
+        [](const VariantInfo &v, const Config &c, const CallInputs &in, MutableTensor out) {
+            attention_scores(v, c, in.q, in.k, in.bias, out);
+        },
+        [](const CallShape &c, const CallInputs &in, auto t) {
+            using T = decltype(t);
+            return reference::attention_scores(c.config, sizes(c), widen<T>(in.q), widen<T>(in.k), in.bias);
+        });
+}
+}  // namespace
+
+void masked_softmax(const VariantInfo &variant, const Config &config, ConstTensor scores, MaskTensor key_padding_mask,
+                    MutableTensor probs) {
+    detail::runnable_functions(variant);
+    check_config(config);
+    const char *layout = "[B, heads, S_q, S_k]";
+    const Shape &s = check_rank("scores", scores, 4, layout);
+    check_tensor("scores", scores, {s[0], config.num_heads, s[2], s[3]}, layout);
+    check_tensor("probs", probs, s, layout);
+    pipeline::prepare_halide(variant);
+    pipeline::MaskInput mask =
+        pipeline::mask_input(key_padding_mask, s[0], s[3], detail::device_interface(variant.device));
+    auto s_buffer = halide_view(scores);
+    auto p_buffer = halide_view(probs);
+    pipeline::Call call("masked_softmax", variant, pipeline::extents(s[0], s[2], s[3], s[1], config.hidden_size));
+    call.input("scores", s_buffer, scores.memory).input("key_padding_mask", mask).scalar("causal", config.causal);
+    call.output("probs", p_buffer, probs.memory).run();
+}
+
+namespace {
+FunctionCall masked_softmax_call() {
+    return one_output_stage(
+        "probs", score_shape,
+        [](const VariantInfo &v, const Config &c, const CallInputs &in, MutableTensor out) {
+            masked_softmax(v, c, in.scores, in.key_padding_mask, out);
+        },
+        [](const CallShape &c, const CallInputs &in, auto t) {
+            using T = decltype(t);
+            return reference::masked_softmax(c.config, sizes(c), widen<T>(in.scores), in.key_padding_mask);
+        });
+}
+}  // namespace
+
+void weighted_sum(const VariantInfo &variant, const Config &config, ConstTensor probs, ConstTensor v,
+                  MutableTensor ctx) {
+    detail::runnable_functions(variant);
+    check_config(config);
+    const int64_t hidden = config.hidden_size, heads = config.num_heads;
+    const char *layout = "[B, heads, S_q, S_k]";
+    const Shape &p = check_rank("probs", probs, 4, layout);
+    check_tensor("probs", probs, {p[0], heads, p[2], p[3]}, layout);
+    check_tensor("v", v, {p[0], p[3], hidden}, "[B, S_k, H]");
+    check_tensor("ctx", ctx, {p[0], p[2], hidden}, "[B, S_q, H]");
+    auto p_buffer = halide_view(probs), v_buffer = halide_view(v);
+    auto ctx_buffer = pipeline::head_view(ctx, heads);
+    pipeline::Call call("weighted_sum", variant, pipeline::extents(p[0], p[2], p[3], heads, hidden));
+    call.input("probs", p_buffer, probs.memory).input("v", v_buffer, v.memory);
+    call.output("ctx", ctx_buffer, ctx.memory).run();
+}
+
+namespace {
+FunctionCall weighted_sum_call() {
+    return one_output_stage(
+        "ctx", q_shape,
+        [](const VariantInfo &v, const Config &c, const CallInputs &in, MutableTensor out) {
+            weighted_sum(v, c, in.probs, in.v, out);
+        },
+        [](const CallShape &c, const CallInputs &in, auto t) {
+            using T = decltype(t);
+            return reference::weighted_sum(c.config, sizes(c), widen<T>(in.probs), widen<T>(in.v));
+        });
+}
+}  // namespace
+
+void attention_core(const VariantInfo &variant, const Config &config, ConstTensor q, ConstTensor k, ConstTensor v,
+                    MaskTensor key_padding_mask, ConstTensor bias, MutableTensor ctx) {
+    detail::runnable_functions(variant);
+    const int64_t hidden = config.hidden_size, heads = config.num_heads;
+    const auto [qs, s_k] = check_queries_and_keys(config, q, k);
+    check_tensor("v", v, {qs[0], s_k, hidden}, "[B, S_k, H]");
+    check_tensor("ctx", ctx, {qs[0], qs[1], hidden}, "[B, S_q, H]");
+    if (overlaps(ctx, q) || overlaps(ctx, k) || overlaps(ctx, v) || overlaps(ctx, bias) ||
+        overlaps(ctx, key_padding_mask)) {
+        throw Error("ctx", "must not overlap an input buffer");
+    }
+    pipeline::prepare_halide(variant);
+    const halide_device_interface_t *gpu = detail::device_interface(variant.device);
+    pipeline::MaskInput mask = pipeline::mask_input(key_padding_mask, qs[0], s_k, gpu);
+    pipeline::BiasInput b = pipeline::bias_input(bias, qs[0], heads, qs[1], s_k, gpu);
+    auto q_buffer = halide_view(q), k_buffer = halide_view(k), v_buffer = halide_view(v);
+    auto ctx_buffer = pipeline::head_view(ctx, heads);
+    pipeline::Call call("attention_core", variant, pipeline::extents(qs[0], qs[1], s_k, heads, hidden));
+    call.input("q", q_buffer, q.memory).input("k", k_buffer, k.memory).input("v", v_buffer, v.memory);
+    call.input("bias", b).input("key_padding_mask", mask);
+    call.scalar("causal", config.causal).scalar("heads", int32_t(heads)).output("ctx", ctx_buffer, ctx.memory).run();
+}
+
+namespace {
+FunctionCall attention_core_call() {
+    return one_output_stage(
+        "ctx", q_shape,
+        [](const VariantInfo &v, const Config &c, const CallInputs &in, MutableTensor out) {
+            attention_core(v, c, in.q, in.k, in.v, in.key_padding_mask, in.bias, out);
+        },
+        [](const CallShape &c, const CallInputs &in, auto t) {
+            using T = decltype(t);
+            return reference::attention_core(c.config, sizes(c), widen<T>(in.q), widen<T>(in.k), widen<T>(in.v),
+                                             in.key_padding_mask, in.bias);
+        });
+}
+}  // namespace
+
+void output_layernorm(const VariantInfo &variant, const Config &config, ConstTensor ctx, ConstTensor x,
+                      const LayerWeights &weights, MutableTensor y) {
+    detail::runnable_functions(variant);
+    check_config(config);
+    check_weights(config, weights, false, true);
+    const int64_t hidden = config.hidden_size;
+    const Shape &xs = check_rank("x", x, 3, "[B, S, H]");
+    const Shape shape{xs[0], xs[1], hidden};
+    check_tensor("x", x, shape, "[B, S, H]");
+    check_tensor("ctx", ctx, shape, "[B, S, H]");
+    check_tensor("y", y, shape, "[B, S, H]");
+    auto ctx_buffer = halide_view(ctx), x_buffer = halide_view(x);
+    auto y_buffer = halide_view(y);
+    pipeline::WeightBuffers w(weights, false, true);
+    pipeline::Call call("output_layernorm", variant, pipeline::extents(xs[0], xs[1], xs[1], config.num_heads, hidden));
+    call.input("ctx", ctx_buffer, ctx.memory).input("x", x_buffer, x.memory).weights(w, false);
+    call.scalar("eps", config.layer_norm_eps).output("y", y_buffer, y.memory).run();
+}
+
+namespace {
+FunctionCall output_layernorm_call() {
+    return one_output_stage(
+        "y", q_shape,
+        [](const VariantInfo &v, const Config &c, const CallInputs &in, MutableTensor out) {
+            output_layernorm(v, c, in.ctx, in.x, in.weights, out);
+        },
+        [](const CallShape &c, const CallInputs &in, auto t) {
+            using T = decltype(t);
+            return reference::output_layernorm(c.config, sizes(c), widen<T>(in.ctx), widen<T>(in.x), in.weights);
+        });
+}
+}  // namespace
+
+}  // namespace attn::stages
+
+namespace attn::detail {
+
+const FunctionCall &function_call(const std::string &function) {
+    // Every manifest function: the stages' entries above, the fused layer's in attention.cpp and packed.cpp.
+    static const std::map<std::string, FunctionCall> table{
+        {"qkv_projection", stages::qkv_projection_call()},
+        {"attention_scores", stages::attention_scores_call()},
+        {"masked_softmax", stages::masked_softmax_call()},
+        {"weighted_sum", stages::weighted_sum_call()},
+        {"attention_core", stages::attention_core_call()},
+        {"output_layernorm", stages::output_layernorm_call()},
+        {"attention_layer", layer_call(false)},
+        {"attention_layer_probs", layer_call(true)},
+        {"attention_layer_packed", packed_layer_call(false)},
+        {"attention_layer_packed_probs", packed_layer_call(true)},
+    };
+    const auto found = table.find(function);
+    if (found == table.end()) throw Error("function", "no by-name call of '" + function + "' (runtime/src/stages.cpp)");
+    return found->second;
+}
+
+bool has_function_call(const std::string &function) {
+    try {
+        function_call(function);
+        return true;
+    } catch (const Error &) {
+        return false;
+    }
+}
+
+}  // namespace attn::detail
