@@ -40,27 +40,14 @@ const std::vector<int64_t> &lengths_of(const Problem &p) {
 }
 
 Work work(const std::string &function, const Problem &p) {
-    if (p.packed) {  // the real work: each sequence's, as a batch of one of its length
-        Work total;
-        for (int64_t length : lengths_of(p)) {
-            Problem one = p;
-            one.packed = false, one.mask = testing::Mask::none, one.batch = 1, one.s_q = one.s_k = length;
-            const Work w = work(function, one);
-            total.flops += w.flops, total.bytes += w.bytes;
-        }
-        return total;
+    const detail::FunctionCall &call = detail::function_call(function);
+    if (!p.packed) return call.work(call_shape(p));
+    Work total;  // the real work: each sequence's, as a batch of one of its length
+    for (int64_t length : lengths_of(p)) {
+        const Work w = call.work({p.config(), 1, length, length});
+        total.flops += w.flops, total.bytes += w.bytes;
     }
-    const double B = double(p.batch), Sq = double(p.s_q), Sk = double(p.s_k), H = double(p.hidden);
-    const double heads = double(p.heads), f = 4;  // bytes per float
-    const double qkv = 2 * B * (Sq + 2 * Sk) * H * H, attend = 2 * B * Sq * Sk * H, out = 2 * B * Sq * H * H;
-    const double scores = B * heads * Sq * Sk;
-    if (function == "qkv_projection") return {qkv, f * (B * Sq * H + B * Sk * H + 3 * H * H + B * (Sq + 2 * Sk) * H)};
-    if (function == "attention_scores") return {attend, f * (B * Sq * H + B * Sk * H + scores)};
-    if (function == "masked_softmax") return {5 * scores, f * 2 * scores};
-    if (function == "weighted_sum") return {attend, f * (scores + B * Sk * H + B * Sq * H)};
-    if (function == "output_layernorm") return {out, f * (3 * B * Sq * H + H * H)};
-    if (function == "attention_core") return {2 * attend, f * (2 * B * Sq * H + 2 * B * Sk * H)};
-    return {qkv + 2 * attend + out, f * (2 * B * Sq * H + 4 * H * H)};  // the fused layer
+    return total;
 }
 
 Fixture::Fixture(const ListedProblem &lp) : data(lp.problem), reference_checked(lp.reference_checked) {

@@ -20,11 +20,9 @@ namespace attn::bench {
 // The fused layer's function.
 inline const char *const kLayerFunction = "attention_layer";
 
-// The work of one call: GEMM FLOPs (the softmax counts a nominal 5 FLOPs per score) and
-// bytes (each input and output touched once).
-struct Work {
-    double flops = 0, bytes = 0;
-};
+// The work of a function's call on a problem (its by-name call's: GEMM FLOPs and bytes);
+// of a packed problem, the sum over its sequences.
+using Work = detail::CallWork;
 Work work(const std::string &function, const testing::Problem &p);
 
 // Each sequence's real length, per problem (built once: LayerData draws the inputs).

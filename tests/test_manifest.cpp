@@ -65,7 +65,11 @@ TEST(Manifest, EachVariantHasTheFunctionsItsSourceProvides) {
 // function, and then the edge shapes, the stage and layer matrices and the benchmarks
 // cover it.
 TEST(Manifest, EveryFunctionHasACall) {
-    for (const manifest::Function &f : manifest::kFunctions) EXPECT_TRUE(detail::has_function_call(f.name)) << f.name;
+    for (const manifest::Function &f : manifest::kFunctions) {
+        ASSERT_TRUE(detail::has_function_call(f.name)) << f.name;
+        const detail::FunctionCall &call = detail::function_call(f.name);
+        EXPECT_TRUE(call.outputs && call.prepare && call.reference && call.work) << f.name;
+    }
 }
 
 // min_shapes: the fallback is the same device's hand-written variant, providing every

@@ -86,10 +86,17 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     call.run();
 }
 
+detail::CallWork detail::layer_work(const CallShape &c) {
+    const double B = double(c.batch), Sq = double(c.s_q), Sk = double(c.s_k), H = double(c.config.hidden_size);
+    const double projections = 2 * B * (2 * Sq + 2 * Sk) * H * H, attend = 2 * 2 * B * Sq * Sk * H;
+    return {projections + attend, 4 * (2 * B * Sq * H + 4 * H * H)};
+}
+
 // The fused layer's by-name call (attn/function_calls.h): through an Attention, made once
 // (a GPU variant uploads its weights then).
 detail::FunctionCall detail::layer_call(bool with_probs) {
     FunctionCall f;
+    f.work = layer_work;
     f.outputs = [with_probs](const CallShape &c, const CallInputs &) {
         std::vector<CallOutput> out{{"y", {c.batch, c.s_q, c.config.hidden_size}}};
         if (with_probs) out.push_back({"probs", {c.batch, c.config.num_heads, c.s_q, c.s_k}});

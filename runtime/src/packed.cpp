@@ -186,6 +186,7 @@ PackedInputs packed_inputs(const detail::CallShape &c, const detail::CallInputs 
 // The packed layer's by-name call (attn/function_calls.h).
 detail::FunctionCall detail::packed_layer_call(bool with_probs) {
     FunctionCall f;
+    f.work = layer_work;  // per sequence: the caller sums it over them
     f.outputs = [with_probs](const CallShape &c, const CallInputs &in) {
         std::vector<CallOutput> out{{"y", {in.packed.x.shape[0], c.config.hidden_size}}};
         if (with_probs) out.push_back({"probs", {packed_probs_size(in.packed.sequence_offsets, c.config.num_heads)}});

@@ -32,6 +32,7 @@ using detail::CallInputs;
 using detail::CallOutput;
 using detail::CallReference;
 using detail::CallShape;
+using detail::CallWork;
 using detail::FunctionCall;
 
 Shape q_shape(const CallShape &c) { return {c.batch, c.s_q, c.config.hidden_size}; }
@@ -43,11 +44,26 @@ std::vector<T> widen(const ConstTensor &t) {
     return reference::widen<T>(t);
 }
 
+// The extents of a call as doubles, for its work: B, S_q, S_k, H, heads, and 4 bytes per float.
+struct Extents {
+    double B, Sq, Sk, H, heads, f = 4;
+    explicit Extents(const CallShape &c)
+        : B(double(c.batch)),
+          Sq(double(c.s_q)),
+          Sk(double(c.s_k)),
+          H(double(c.config.hidden_size)),
+          heads(double(c.config.num_heads)) {}
+    double scores() const { return B * heads * Sq * Sk; }
+    double attend() const { return 2 * B * Sq * Sk * H; }  // Q·Kᵀ or P·V over all heads
+};
+
 // A stage after the projections (one output, the layer's intermediates in):
 // `call(variant, config, inputs, output)`, `reference(shape, inputs, T())` in T.
 template <typename Call, typename Reference>
-FunctionCall one_output_stage(const char *output, Shape (*shape)(const CallShape &), Call call, Reference reference) {
+FunctionCall one_output_stage(const char *output, Shape (*shape)(const CallShape &),
+                              CallWork (*work)(const CallShape &), Call call, Reference reference) {
     FunctionCall f;
+    f.work = work;
     f.outputs = [output, shape](const CallShape &c, const CallInputs &) {
         return std::vector<CallOutput>{{output, shape(c)}};
     };
@@ -91,6 +107,11 @@ void qkv_projection(const VariantInfo &variant, const Config &config, ConstTenso
 namespace {
 FunctionCall qkv_projection_call() {
     FunctionCall f;
+    f.work = [](const CallShape &c) {
+        const Extents e(c);
+        return CallWork{2 * e.B * (e.Sq + 2 * e.Sk) * e.H * e.H,
+                        e.f * (e.B * e.Sq * e.H + e.B * e.Sk * e.H + 3 * e.H * e.H + e.B * (e.Sq + 2 * e.Sk) * e.H)};
+    };
     f.outputs = [](const CallShape &c, const CallInputs &) {
         return std::vector<CallOutput>{{"q", q_shape(c)}, {"k", kv_shape(c)}, {"v", kv_shape(c)}};
     };
@@ -139,6 +160,10 @@ namespace {
 FunctionCall attention_scores_call() {
     return one_output_stage(
         "scores", score_shape,
+        [](const CallShape &c) {
+            const Extents e(c);
+            return CallWork{e.attend(), e.f * (e.B * e.Sq * e.H + e.B * e.Sk * e.H + e.scores())};
+        },
         [](const VariantInfo &v, const Config &c, const CallInputs &in, MutableTensor out) {
             attention_scores(v, c, in.q, in.k, in.bias, out);
         },
@@ -171,6 +196,10 @@ namespace {
 FunctionCall masked_softmax_call() {
     return one_output_stage(
         "probs", score_shape,
+        [](const CallShape &c) {
+            const Extents e(c);
+            return CallWork{5 * e.scores(), e.f * 2 * e.scores()};
+        },
         [](const VariantInfo &v, const Config &c, const CallInputs &in, MutableTensor out) {
             masked_softmax(v, c, in.scores, in.key_padding_mask, out);
         },
@@ -202,6 +231,10 @@ namespace {
 FunctionCall weighted_sum_call() {
     return one_output_stage(
         "ctx", q_shape,
+        [](const CallShape &c) {
+            const Extents e(c);
+            return CallWork{e.attend(), e.f * (e.scores() + e.B * e.Sk * e.H + e.B * e.Sq * e.H)};
+        },
         [](const VariantInfo &v, const Config &c, const CallInputs &in, MutableTensor out) {
             weighted_sum(v, c, in.probs, in.v, out);
         },
@@ -239,6 +272,10 @@ namespace {
 FunctionCall attention_core_call() {
     return one_output_stage(
         "ctx", q_shape,
+        [](const CallShape &c) {
+            const Extents e(c);
+            return CallWork{2 * e.attend(), e.f * (2 * e.B * e.Sq * e.H + 2 * e.B * e.Sk * e.H)};
+        },
         [](const VariantInfo &v, const Config &c, const CallInputs &in, MutableTensor out) {
             attention_core(v, c, in.q, in.k, in.v, in.key_padding_mask, in.bias, out);
         },
@@ -273,6 +310,10 @@ namespace {
 FunctionCall output_layernorm_call() {
     return one_output_stage(
         "y", q_shape,
+        [](const CallShape &c) {
+            const Extents e(c);
+            return CallWork{2 * e.B * e.Sq * e.H * e.H, e.f * (3 * e.B * e.Sq * e.H + e.H * e.H)};
+        },
         [](const VariantInfo &v, const Config &c, const CallInputs &in, MutableTensor out) {
             output_layernorm(v, c, in.ctx, in.x, in.weights, out);
         },

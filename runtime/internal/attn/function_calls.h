@@ -37,6 +37,12 @@ struct CallOutput {
     Shape shape;
 };
 
+// The work of one call: FLOPs (the GEMMs'; the softmax counts a nominal 5 FLOPs per
+// score) and bytes (each input and output touched once).
+struct CallWork {
+    double flops = 0, bytes = 0;
+};
+
 // The references of a call's outputs, in the order of its outputs.
 struct CallReference {
     std::vector<std::vector<double>> exact;
@@ -60,6 +66,8 @@ struct FunctionCall {
         prepare;
     // The double reference and the plain float32 one, on host inputs.
     std::function<CallReference(const CallShape &, const CallInputs &)> reference;
+    // Its work on a dense call of these extents (a packed call: the sum over its sequences).
+    std::function<CallWork(const CallShape &)> work;
     // Whether it reads the layer's intermediates (q, k, v, scores, probs or ctx), which a
     // caller must then fill in; else only the layer's own inputs.
     bool reads_intermediates = false;
@@ -70,6 +78,7 @@ const FunctionCall &function_call(const std::string &function);
 bool has_function_call(const std::string &function);
 
 // The entries of the fused layer's functions (attention.cpp, packed.cpp).
+CallWork layer_work(const CallShape &c);
 FunctionCall layer_call(bool with_probs);
 FunctionCall packed_layer_call(bool with_probs);
 
