@@ -195,6 +195,10 @@ class Manifest:
         """A tuned source's compiled functions of one ISA: [(shape classes, hand-written params)],
         from generated/tuned/<isa>/<function>.json."""
         path = TUNED / isa / f"{function}.json"
+        if not path.exists():
+            raise ValueError(f"{path.relative_to(ROOT)} is missing: the autotuned variant of {isa} needs a winner for "
+                             f"{function}; run tools/autotune.sh --isa {isa} --function "
+                             f"{self.functions[function].get('tuned_with', function)}")
         entries = json.loads(path.read_text())["classes"]
         for e in entries:
             for c in e["shape_classes"]:
