@@ -15,5 +15,7 @@ find_package(Halide 21.0.0 EXACT REQUIRED)
 
 # Where libHalide and the autoscheduler plugins are (the installed generators' RPATH,
 # the autotuner's --plugins).
-get_target_property(halide_library Halide::Halide LOCATION)
-get_filename_component(ATTN_HALIDE_LIBRARY_DIR "${halide_library}" DIRECTORY)
+if (TARGET Halide::Halide)  # not in a cross build, which only runs the host's generators
+    get_target_property(halide_library Halide::Halide LOCATION)
+    get_filename_component(ATTN_HALIDE_LIBRARY_DIR "${halide_library}" DIRECTORY)
+endif ()

@@ -3,7 +3,7 @@
 #   <build>/generated/attn/generated/manifest.h   the same table for C++ (runtime,
 #                                                 generators, tests, benchmarks, CLI)
 #   <build>/attn_manifest.cmake                   what to build: ATTN_RUNTIME_TARGET,
-#       ATTN_ISAS and ATTN_ISA_<isa>_TARGET/_CROSS, ATTN_VARIANTS (<source>_<isa>, after
+#       ATTN_ISA_<isa>_TARGET of the build's architecture, ATTN_VARIANTS (<source>_<isa>, after
 #       ATTN_ONLY_VARIANTS) and ATTN_VARIANT_<variant> (SOURCE, ISA, LIBRARIES), and each
 #       AOT library's ATTN_LIBRARY_<name> (FUNCTION, GENERATOR, MAX_SEQ, PLUGIN, PARAMS:
 #       its generator parameters, from the one builder that the autotuner, the freezer and
@@ -16,10 +16,21 @@ set(ATTN_GENERATED_DIR "${PROJECT_BINARY_DIR}/generated")
 # about a minute. Empty (the default): every variant of the manifest.
 set(ATTN_ONLY_VARIANTS "" CACHE STRING "Build only the variants whose name matches this regex (empty: all)")
 
+# The architecture the build is for (a cross build's, with a toolchain file): only its
+# ISAs are built and linked.
+if (CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+    set(ATTN_ARCH x86-64)
+elseif (CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64|ARM64)$")
+    set(ATTN_ARCH arm-64)
+else ()
+    message(FATAL_ERROR "no ISA of manifest.json is for the processor '${CMAKE_SYSTEM_PROCESSOR}'")
+endif ()
+
 find_package(Python3 3.9 COMPONENTS Interpreter REQUIRED)
 execute_process(COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/tools/manifest.py" emit
                         --header "${ATTN_GENERATED_DIR}/attn/generated/manifest.h"
                         --cmake "${PROJECT_BINARY_DIR}/attn_manifest.cmake"
+                        --arch ${ATTN_ARCH}
                         --only-variants "${ATTN_ONLY_VARIANTS}"
                 RESULT_VARIABLE failed)
 if (failed)

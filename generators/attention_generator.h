@@ -37,22 +37,24 @@ public:
     // The manifest function this build is (its frozen schedule's name), and its schedule source.
     Halide::GeneratorParam<std::string> function{"function", ""};
     Halide::GeneratorParam<std::string> schedule_source{"schedule", "manual"};
-    // The hand-written schedule's parameters (schedules/cpu_manual.h); other sources ignore them.
-    Halide::GeneratorParam<int> tile_rows = manual_parameter("tile_rows");
+    // The hand-written schedule's parameters (schedules/cpu_manual.h); other sources ignore
+    // them. Those that start at 0 take the target's default (attn_sched::manual_parameter_for).
+    Halide::GeneratorParam<int> tile_rows = manual_parameter("tile_rows", true);
     Halide::GeneratorParam<int> tile_vectors = manual_parameter("tile_vectors");
     Halide::GeneratorParam<int> context_vectors = manual_parameter("context_vectors");
-    // The attention core's blocks; 0: the target's default (manifest.json, CPU or GPU).
+    // The attention core's blocks.
     Halide::GeneratorParam<int> query_block = manual_parameter("query_block", true);
     Halide::GeneratorParam<int> key_block = manual_parameter("key_block", true);
 
     attn_sched::CpuTiling tiling() const {
         const attn_gen::Blocking b = blocking();
-        return {int(tile_rows), int(tile_vectors), b.query_block, int(context_vectors)};
+        return {attn_sched::manual_parameter_for(this->get_target(), "tile_rows", tile_rows), int(tile_vectors),
+                b.query_block, int(context_vectors)};
     }
     attn_gen::Blocking blocking() const {
         const Halide::Target &t = this->get_target();
-        return {attn_sched::default_query_block(t, query_block), attn_sched::default_key_block(t, key_block),
-                attn_sched::key_chunk(t, tile_vectors)};
+        return {attn_sched::manual_parameter_for(t, "query_block", query_block),
+                attn_sched::manual_parameter_for(t, "key_block", key_block), attn_sched::key_chunk(t, tile_vectors)};
     }
 
     int estimate_batch() const { return this->get_target().has_gpu_feature() ? kEstimateBatchGpu : kEstimateBatchCpu; }

@@ -135,19 +135,14 @@ std::string frozen_isa(const Halide::Target &target) {
     return best->frozen_schedules_of;
 }
 
-int default_query_block(const Halide::Target &target, int query_block) {
-    if (query_block > 0) return query_block;
-    const attn::manifest::ManualParameter &p = attn::manifest::manual_parameter("query_block");
-    return target.has_gpu_feature() ? p.gpu_default : p.default_value;
-}
-
-// GPU: 64 keys per step ran 4-8% faster on an H100 (separate runs, not interleaved) but
-// took more than the 48 KB of shared memory Halide 21 launches with at head_dim 80 (a
-// launch failure that PoCL does not show), so 32 (manifest.json's gpu_default).
-int default_key_block(const Halide::Target &target, int key_block) {
-    if (key_block > 0) return key_block;
-    const attn::manifest::ManualParameter &p = attn::manifest::manual_parameter("key_block");
-    return target.has_gpu_feature() ? p.gpu_default : p.default_value;
+// GPU key_block: 64 keys per step ran 4-8% faster on an H100 (separate runs, not
+// interleaved) but took more than the 48 KB of shared memory Halide 21 launches with at
+// head_dim 80 (a launch failure that PoCL does not show), so 32 (its gpu_default).
+int manual_parameter_for(const Halide::Target &target, const char *name, int given) {
+    if (given > 0) return given;
+    const attn::manifest::ManualParameter &p = attn::manifest::manual_parameter(name);
+    if (target.has_gpu_feature()) return p.gpu_default;
+    return target.arch == Halide::Target::ARM ? p.arm_default : p.default_value;
 }
 
 int key_chunk(const Halide::Target &target, int tile_vectors) {

@@ -44,13 +44,13 @@ void guard_every_split(Halide::Pipeline pipeline);
 void apply_frozen_schedule(const std::string &function, const std::string &source, Halide::Pipeline pipeline,
                            const Halide::Target &target);
 
-// The query and key blocks of the flash core when the query_block and key_block
-// generator parameters are 0: manifest.json's defaults, on a CPU (64 queries by 512 keys:
-// a block's scores and exponentials, 128 KiB each, stay in L2) or on a GPU (32 by 32,
-// whose running state and tiles stay in the 48 KB of shared memory that Halide 21
-// launches with, for head dims up to 64).
-int default_query_block(const Halide::Target &target, int query_block);
-int default_key_block(const Halide::Target &target, int key_block);
+// A hand-written schedule's parameter: `given` if positive, else manifest.json's default
+// for the target: gpu_default on a GPU, arm_default on Arm, default elsewhere. So the
+// flash core's blocks are 64 queries by 512 keys on a CPU (a block's scores and
+// exponentials, 128 KiB each, stay in L2) and 32 by 32 on a GPU (its running state and
+// tiles stay in the 48 KB of shared memory that Halide 21 launches with, for head dims
+// up to 64), and the register tile has 8 rows on Arm (24 of NEON's 32 registers).
+int manual_parameter_for(const Halide::Target &target, const char *name, int given);
 // Keys per chunk of the flash core: the width of a register tile of scores on a CPU
 // (tile_vectors vectors), a warp's lanes on a GPU.
 int key_chunk(const Halide::Target &target, int tile_vectors);

@@ -10,13 +10,19 @@
 #   attn_add_gtest_suites(<target> [SPLIT <regex>])
 #
 # Run as a script (-P), it lists the executable's suites and writes the CTest include
-# file, as gtest_discover_tests does after each build.
+# file, as gtest_discover_tests does after each build (through the cross build's emulator).
 
 if (CMAKE_SCRIPT_MODE_FILE)
-    execute_process(COMMAND "${TEST_EXECUTABLE}" --gtest_list_tests OUTPUT_VARIABLE listing RESULT_VARIABLE failed)
+    string(REPLACE "|" ";" EMULATOR "${EMULATOR}")  # a list, passed with | for ;
+    execute_process(COMMAND ${EMULATOR} "${TEST_EXECUTABLE}" --gtest_list_tests OUTPUT_VARIABLE listing
+                    RESULT_VARIABLE failed)
     if (failed)
         message(FATAL_ERROR "${TEST_EXECUTABLE} --gtest_list_tests failed: ${failed}")
     endif ()
+    set(emulator "")
+    foreach (part IN LISTS EMULATOR)
+        string(APPEND emulator "[=[${part}]=] ")
+    endforeach ()
     string(REPLACE "\n" ";" lines "${listing}")
     set(script "")
     set(suite "")
@@ -34,7 +40,7 @@ if (CMAKE_SCRIPT_MODE_FILE)
         endif ()
         if (test)
             string(APPEND script
-                   "add_test([=[${test}]=] [=[${TEST_EXECUTABLE}]=] [=[--gtest_filter=${filter}]=])\n"
+                   "add_test([=[${test}]=] ${emulator} [=[${TEST_EXECUTABLE}]=] [=[--gtest_filter=${filter}]=])\n"
                    "set_tests_properties([=[${test}]=] PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 1500)\n")
         endif ()
     endforeach ()
@@ -45,8 +51,10 @@ endif ()
 function(attn_add_gtest_suites target)
     cmake_parse_arguments(PARSE_ARGV 1 ARG "" "SPLIT" "")
     set(output "${CMAKE_CURRENT_BINARY_DIR}/${target}_suites.cmake")
+    string(REPLACE ";" "|" emulator "${CMAKE_CROSSCOMPILING_EMULATOR}")
     add_custom_command(TARGET ${target} POST_BUILD
                        COMMAND ${CMAKE_COMMAND} -D TEST_EXECUTABLE=$<TARGET_FILE:${target}> -D OUTPUT=${output}
+                               "-DEMULATOR=${emulator}"
                                "-DSPLIT=${ARG_SPLIT}" -P ${CMAKE_CURRENT_FUNCTION_LIST_FILE}
                        BYPRODUCTS ${output} VERBATIM)
     # Before the first build there is no list: one failing test says so.

