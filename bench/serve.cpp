@@ -71,10 +71,12 @@ int serve(const std::vector<Case> &cases) {
             if (command == "list") {
                 nlohmann::json listed = nlohmann::json::array();
                 for (const Case &c : cases) {
+                    const Work w = work(c.function, c.problem->problem);
                     listed.push_back({{"name", c.name},
                                       {"function", c.function},
                                       {"problem", c.problem->problem.name()},
-                                      {"gflop", work(c.function, c.problem->problem).flops * 1e-9}});
+                                      {"gflop", w.flops * 1e-9},
+                                      {"gbyte", w.bytes * 1e-9}});
                 }
                 reply({{"context", context_json()}, {"problems", problems_json()}, {"cases", listed}});
             } else if (command == "prepare") {
