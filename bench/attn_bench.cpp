@@ -14,6 +14,8 @@
 // --candidate=LIBRARY:SUFFIX:ISA (repeatable) loads a shared library holding some of the
 // functions attn_<function>_<SUFFIX> (tools/autotune.py's candidates), registers it as the
 // variant candidate_<SUFFIX> and offers it beside the compiled variants.
+// --threads=N: our kernels (attn::set_num_threads) and OpenBLAS on N threads (default: one
+// per CPU core each).
 #include "attn/generated/manifest.h"
 #include "attn/internal.h"  // the runtime's variant registration, for --candidate
 #include "cases.h"
@@ -21,9 +23,11 @@
 #include "serve.h"
 
 #include <benchmark/benchmark.h>
+#include <cblas.h>
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace attn::bench {
@@ -78,13 +82,26 @@ VariantInfo load_candidate(const std::string &spec) {
 }  // namespace attn::bench
 
 int main(int argc, char **argv) {
-    const char *candidate_flag = "--candidate=";
+    const char *candidate_flag = "--candidate=", *threads_flag = "--threads=";
     std::vector<attn::VariantInfo> variant_list = attn::variants();
     bool serve = false;
     for (int i = 1; i < argc; ++i) {
         const bool is_candidate = std::strncmp(argv[i], candidate_flag, std::strlen(candidate_flag)) == 0;
+        const bool is_threads = std::strncmp(argv[i], threads_flag, std::strlen(threads_flag)) == 0;
         const bool is_serve = std::strcmp(argv[i], "--serve") == 0;
-        if (!is_candidate && !is_serve) continue;
+        if (!is_candidate && !is_serve && !is_threads) continue;
+        if (is_threads) {
+            // Our kernels and the OpenBLAS peers on the same count (bench/compare.py --threads).
+            char *end = nullptr;
+            const long threads = std::strtol(argv[i] + std::strlen(threads_flag), &end, 10);
+            if (*end || threads < 1 || threads > 256) {
+                std::fprintf(stderr, "attn_bench: --threads: expected 1 to 256, got '%s'\n",
+                             argv[i] + std::strlen(threads_flag));
+                return 1;
+            }
+            attn::set_num_threads(int(threads));
+            openblas_set_num_threads(int(threads));
+        }
         if (is_candidate) {
             try {
                 variant_list.push_back(attn::bench::load_candidate(argv[i] + std::strlen(candidate_flag)));

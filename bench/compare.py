@@ -39,9 +39,11 @@ DEFAULT_EXCLUDE = r"^[a-z_]+/(mullapudi2016|adams2019|li2018|anderson2021)_[a-z0
 class Worker:
     """attn_bench --serve: one JSON answer per command line."""
 
-    def __init__(self, executable, candidates=()):
-        self.process = subprocess.Popen([executable, "--serve", *(f"--candidate={c}" for c in candidates)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, bufsize=1)
+    def __init__(self, executable, candidates=(), threads=None):
+        arguments = [executable, "--serve", *(f"--candidate={c}" for c in candidates)]
+        if threads:
+            arguments.append(f"--threads={threads}")
+        self.process = subprocess.Popen(arguments, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
 
     def ask(self, *words):
         self.process.stdin.write(" ".join(str(w) for w in words) + "\n")
@@ -155,7 +157,7 @@ def main():
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cpu: the CPU variants, OpenBLAS, PyTorch and ONNX Runtime; cuda: the CUDA variants "
                              "and the PyTorch CUDA peers")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of the CPU peers")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of every implementation: our kernels (attn::set_num_threads), OpenBLAS, PyTorch, ONNX Runtime")
     parser.add_argument("--no-chart", action="store_true", help="skip comparison.png (needs matplotlib)")
     args = parser.parse_args()
     if args.rounds < 5:
@@ -166,7 +168,7 @@ def main():
     def wanted(name):
         return selected.search(name) and not (excluded and excluded.search(name))
 
-    worker = Worker(args.bench, args.candidate)
+    worker = Worker(args.bench, args.candidate, args.threads if args.device == "cpu" else None)
     listing = worker.ask("list")
     on_device = re.compile(r"_cuda/" if args.device == "cuda" else r"^(?!.*_cuda/)")
     cases = [c for c in listing["cases"] if on_device.search(c["name"]) and wanted(c["name"])]

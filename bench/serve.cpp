@@ -54,6 +54,8 @@ nlohmann::json context_json() {
             {"num_cpus", std::thread::hardware_concurrency()},
             {"halide", "21.0.0"},
             {"openblas", openblas_get_config()},
+            {"threads", num_threads()},
+            {"openblas_threads", openblas_get_num_threads()},
             {"selected_variant", select_variant().name}};
 }
 

@@ -46,8 +46,11 @@ int compare_variants(const BenchOptions &options) {
         throw Error("--variants", "'" + options.variants + "' is not a regular expression: " + e.what());
     }
     const int rounds = options.repetitions;
-    std::printf("problem %s, %d interleaved rounds (each runs every variant once, in a rotating order)\n",
-                problem.name().c_str(), rounds);
+    const int threads = num_threads();
+    std::printf("problem %s, %d interleaved rounds (each runs every variant once, in a rotating order), %s\n",
+                problem.name().c_str(), rounds,
+                threads ? ("kernels on " + std::to_string(threads) + " threads").c_str()
+                        : "kernels on one thread per CPU core");
     const LayerData data(problem);
     // A packed problem runs its real tokens through forward_packed, the rest the padded batch.
     const PackedBatch packed = problem.packed ? data.packed() : PackedBatch{};

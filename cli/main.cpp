@@ -40,6 +40,13 @@ int main(int argc, char **argv) {
     run_cmd->add_option("--output", run.output, "y: float32 [batch, seq, hidden] .npy to write")->required();
     run_cmd->add_option("--probs", run.probs, "also write the probabilities float32 [batch, heads, seq, seq] .npy");
     run_cmd->add_option("--heads", run.heads, "attention heads (default: num_attention_heads of config.json)");
+    // The kernels' CPU threads, for run and bench alike (attn::set_num_threads).
+    int threads = 0;
+    const auto threads_option = [&](CLI::App *command) {
+        command->add_option("--threads", threads, "CPU threads the kernels use (default: one per CPU core)")
+            ->check(CLI::Range(1, 256));
+    };
+    threads_option(run_cmd);
     run_cmd->add_option("--eps", run.eps, "LayerNorm epsilon (default: layer_norm_eps of config.json, else 1e-12)");
 
     HeatmapOptions heatmap;
@@ -82,8 +89,10 @@ int main(int argc, char **argv) {
                      "interleaved rounds, each timing every variant once (medians reported)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    threads_option(bench_cmd);
 
     CLI11_PARSE(app, argc, argv);
+    if (threads) attn::set_num_threads(threads);
     const std::string command = app.get_subcommands().front()->get_name();
     try {
         if (*variants_cmd) return list_variants(variants);

@@ -1,12 +1,19 @@
 // Properties that hold whatever the numerics: probability rows sum to 1 (0 when fully
 // masked), the same input gives the same output, causal outputs ignore future tokens,
 // real tokens ignore padded content, threads sharing one Attention get what one thread gets,
-// and the host scratch cache hands back kept blocks without changing a result.
+// the kernels use at most the threads set, and the host scratch cache hands back kept
+// blocks without changing a result.
 #include "attn/internal.h"  // detail::scratch_stats
 #include "support/variant_param.h"
 
+#include <HalideRuntime.h>
+
+#include <algorithm>
 #include <cmath>
+#include <iostream>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 namespace attn::testing {
@@ -178,6 +185,70 @@ TEST_P(PropertyTest, EightThreadsSharingOneAttentionGetTheSingleThreadedResult) 
     }
     for (std::thread &thread : threads) thread.join();
     for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[std::size_t(t)], "") << "thread " << t;
+}
+
+// The kernels' threads (attn::set_num_threads): every task of a parallel loop runs on one
+// of at most the threads set, and where more than one is allowed, more than one works.
+// Halide runs each task through halide_do_task or halide_do_loop_task, which the test
+// wraps to note the thread.
+std::mutex task_threads_mutex;
+std::set<std::thread::id> task_threads;
+
+void note_task_thread() {
+    std::lock_guard<std::mutex> lock(task_threads_mutex);
+    task_threads.insert(std::this_thread::get_id());
+}
+int noting_do_task(void *user_context, halide_task_t f, int idx, uint8_t *closure) {
+    note_task_thread();
+    return halide_default_do_task(user_context, f, idx, closure);
+}
+int noting_do_loop_task(void *user_context, halide_loop_task_t f, int min, int extent, uint8_t *closure, void *parent) {
+    note_task_thread();
+    return halide_default_do_loop_task(user_context, f, min, extent, closure, parent);
+}
+
+TEST(Threads, KernelsRunOnAtMostTheThreadsSet) {
+    const VariantInfo &variant = select_variant();
+    Problem p;
+    p.batch = 2, p.s_q = p.s_k = 128, p.hidden = 256, p.heads = 4;
+    const LayerData data(p);
+    const Attention layer(p.config(), data.weights(), variant.name);
+    const Shape y_shape{p.batch, p.s_q, p.hidden};
+    std::vector<float> y(std::size_t(p.batch * p.s_q * p.hidden));
+    const halide_do_task_t old_do_task = halide_set_custom_do_task(noting_do_task);
+    const halide_do_loop_task_t old_do_loop_task = halide_set_custom_do_loop_task(noting_do_loop_task);
+    const int before = set_num_threads(1);
+    for (const int threads : {1, 2, 3}) {
+        set_num_threads(threads);
+        EXPECT_EQ(num_threads(), threads);
+        // A sleeping worker wakes when work is queued, and the caller may finish a short
+        // loop before it does: more calls, until two threads have worked (or 50 calls).
+        std::size_t most = 0;
+        for (int call = 0; call < 50 && most < std::min<std::size_t>(threads, 2); ++call) {
+            {
+                std::lock_guard<std::mutex> lock(task_threads_mutex);
+                task_threads.clear();
+            }
+            layer.forward(data.inputs(), view(y, y_shape));
+            std::lock_guard<std::mutex> lock(task_threads_mutex);
+            most = std::max(most, task_threads.size());
+        }
+        EXPECT_LE(most, std::size_t(threads)) << variant.name << " ran tasks on more threads than set";
+        EXPECT_GE(most, std::min<std::size_t>(threads, 2)) << variant.name << " used fewer threads than allowed";
+        std::cout << "[   INFO   ] " << variant.name << ", " << threads << " threads set: tasks ran on " << most
+                  << "\n";
+    }
+    halide_set_custom_do_task(old_do_task);
+    halide_set_custom_do_loop_task(old_do_loop_task);
+    set_num_threads(before);
+    EXPECT_THROW(set_num_threads(-1), Error);
+    try {
+        set_num_threads(257);
+        ADD_FAILURE() << "257 threads accepted";
+    } catch (const Error &e) {
+        EXPECT_EQ(e.argument(), "threads");
+        EXPECT_NE(std::string(e.what()).find("257"), std::string::npos) << e.what();
+    }
 }
 
 // The host scratch cache (runtime/src/host_scratch.cpp): a second call of the same shape

@@ -472,6 +472,13 @@ TEST_F(CliTest, RunMatchesTheReferenceAndWritesProbabilities) {
     EXPECT_TRUE(y_accuracy.ok) << y_accuracy.report("y");
     EXPECT_TRUE(p_accuracy.ok) << p_accuracy.report("probs");
     EXPECT_EQ(p_values[(1 * 2 + 0) * 25 + 0 * 5 + 4], 0.0f) << "padded key 4 of sequence 1 gets no attention";
+    // On one thread, bit for bit the same (a parallel loop splits the work, not a sum).
+    const Result one =
+        attn("run --threads 1 --model " + path("model") + " --layer 1 --input " + path("x.npy") + " --mask " +
+             path("mask.npy") + " --output " + path("y1.npy") + " --probs " + path("p1.npy"));
+    ASSERT_EQ(one.status, 0) << one.output;
+    EXPECT_EQ(read_npy(path("y1.npy"), "y").bytes, y.bytes);
+    EXPECT_EQ(read_npy(path("p1.npy"), "p").bytes, p.bytes);
 }
 
 TEST_F(CliTest, RunPackedComputesRealTokensAndZerosPadding) {
@@ -541,6 +548,7 @@ TEST_F(CliTest, RunRefusesBadInputsWithAMessageAndNonZeroExit) {
         {model + " --input " + path("x.npy") + " --layer 4" + out, "--layer: 4 is not in the checkpoint"},
         {model + " --input " + path("x.npy") + " --output " + path("no_dir/y.npy"), "--output: cannot write"},
     };
+    // --threads 1 gives the same output as the default.
     for (const auto &[args, message] : cases) {
         const Result r = attn("run" + args);
         EXPECT_EQ(r.status, 1) << args << "\n" << r.output;
@@ -618,7 +626,13 @@ TEST_F(CliTest, BenchChecksAndTimesTheChosenVariants) {
     // One of the two is the best; the other is given a paired ratio with its interval.
     EXPECT_NE(r.output.find("  best\n"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("x ["), std::string::npos) << r.output;
-    EXPECT_EQ(attn("bench --problem b1_s128_h384_n12 --variants '^manual_sse41$' --repetitions 2").status, 0);
+    EXPECT_NE(r.output.find("kernels on one thread per CPU core"), std::string::npos) << r.output;
+    const Result one = attn("bench --problem b1_s128_h384_n12 --variants '^manual_sse41$' --repetitions 2 --threads 1");
+    EXPECT_EQ(one.status, 0) << one.output;
+    EXPECT_NE(one.output.find("kernels on 1 threads"), std::string::npos) << one.output;
+    const Result zero = attn("bench --problem b1_s128_h384_n12 --threads 0");
+    EXPECT_NE(zero.status, 0);
+    EXPECT_NE(zero.output.find("--threads"), std::string::npos) << zero.output;
     const Result unknown = attn("bench --problem b9_nope");
     EXPECT_EQ(unknown.status, 1);
     EXPECT_NE(unknown.output.find("--problem: unknown problem 'b9_nope'; known: b1_s128_h768_n12_pad"),

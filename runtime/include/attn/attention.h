@@ -190,6 +190,14 @@ const VariantInfo &select_variant(const std::string &name = "");
 // what is kept back to the system; returns how many bytes.
 std::size_t release_scratch_memory();
 
+// The CPU threads the kernels may use, for the whole process (Halide's thread pool, which
+// every CPU variant shares): 1 to 256, or 0 for the default, one per CPU core (or
+// $HL_NUM_THREADS). Returns the count it replaces (0: none yet). A call already running
+// finishes with the threads it has.
+int set_num_threads(int threads);
+// The count in force (0 before set_num_threads and the first parallel kernel: the default).
+int num_threads();
+
 // Waits until the GPU work queued by the variant's calls has finished (a call given
 // device memory returns before that); nothing to wait for on a CPU variant.
 void synchronize(const VariantInfo &variant);
