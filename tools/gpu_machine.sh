@@ -16,6 +16,8 @@
 #                                      (GPU runtime tests, device memory, long context;
 #                                      SCOPE cuda), every AVX-512 variant if the CPU has
 #                                      AVX-512 (SCOPE avx512), or both (all, the default)
+#   tools/gpu_machine.sh campaign      here: the steps a session lent a GPU runs, in order,
+#                                      each one command of the device tool (run them first)
 #   tools/gpu_machine.sh bench PART    there: the interleaved comparison, PART one of
 #                                      layer-short (fused layer, S <= 512), layer-long
 #                                      (S >= 2048), stages (each stage alone), core (the
@@ -40,6 +42,37 @@ variants='^(manual|autotuned)_avx2$|_avx512_|_cuda$'
 
 has_avx512() { grep -qw avx512f /proc/cpuinfo; }
 
+# The campaign, in order: "command|minutes at most|what it gives". The 2026-11-23 run took
+# under a minute per test scope and one to two per comparison at --min-time 0.05; these
+# give each step room (a device call stops at 10 minutes) and together need under 40.
+campaign=(
+  "machine|1|the GPU, driver and host CPU: machine.txt"
+  "test cuda|4|every CUDA variant against the reference: tests-cuda.log"
+  "test avx512|4|every AVX-512 variant on the host CPU (skipped without AVX-512): tests-avx512.log"
+  "bench layer-short --rounds 7 --min-time 0.2|6|the fused layer at S <= 512 beside PyTorch eager, SDPA and the cuBLAS roofline"
+  "bench layer-long --rounds 7 --min-time 0.2|6|the fused layer at S = 2048 to 8192"
+  "bench stages --rounds 7 --min-time 0.1|6|each stage alone"
+  "bench core --rounds 7 --min-time 0.2|5|the attention core beside SDPA, every length"
+  "bench cpu --rounds 7 --min-time 0.2|6|the AVX-512 variants beside AVX2, OpenBLAS, PyTorch and ONNX Runtime on every host thread"
+)
+
+# OpenBLAS 0.3.21 does not know the newest CPUs (Sapphire Rapids) and falls back to its
+# Prescott kernels, which made the roofline of the 2026-11-23 host meaningless: name the
+# kernels for the ISA the CPU has, and refuse to compare if Prescott still runs.
+openblas_kernels() {
+  if [[ -z "${OPENBLAS_CORETYPE:-}" ]]; then
+    if has_avx512; then export OPENBLAS_CORETYPE=SkylakeX
+    elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell; fi
+  fi
+  local config
+  config=$(echo list | "$carry/attn_bench" --serve | python3 -c 'import json, sys; print(json.loads(sys.stdin.readline())["context"]["openblas"])')
+  echo "openblas: $config"
+  if [[ "$config" == *Prescott* ]]; then
+    echo "bench: OpenBLAS runs its Prescott kernels here; set OPENBLAS_CORETYPE to this CPU's" >&2
+    exit 1
+  fi
+}
+
 # There: the carried archive, unpacked once.
 if [[ "$step" != pack && ! -d "$carry" && -f build/gpu-carry.tar.xz ]]; then
   tar -C build -xJf build/gpu-carry.tar.xz
@@ -63,6 +96,18 @@ pack)
   du -h build/gpu-carry.tar.xz
   exit
   ;;
+campaign)
+  total=0
+  echo "The GPU campaign, in order: each line one command of the device tool, in the repository root,"
+  echo "carrying build/gpu-carry.tar.xz (tools/gpu_machine.sh pack, here, first):"
+  for step in "${campaign[@]}"; do
+    IFS='|' read -r command minutes what <<< "$step"
+    total=$((total + minutes))
+    printf '  tools/gpu_machine.sh %-48s # <= %d min: %s\n' "$command" "$minutes" "$what"
+  done
+  echo "at most $total minutes of device time; then commit $out (machine.txt names the GPU, driver and CPU)"
+  exit
+  ;;
 machine)
   {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -80,7 +125,7 @@ test)
   shift || true
   case "$scope" in
   cuda) filter='*_cuda*:Gpu.*' ;;
-  avx512) has_avx512 || { echo "test: this CPU has no AVX-512; its variants cannot run" >&2; exit 1; }
+  avx512) has_avx512 || { echo "test: this CPU has no AVX-512; its variants cannot run here (skipped)"; exit 0; }
           filter='*avx512*' ;;
   all) filter='*_cuda*:Gpu.*'
        if has_avx512; then filter+=':*avx512*'; else echo "test: this CPU has no AVX-512; its variants are left out"; fi ;;
@@ -93,6 +138,7 @@ test)
   ;;
 bench)
   export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  openblas_kernels
   part="${1:-}"
   shift || true
   compare=(python3 bench/compare.py --bench "$carry/attn_bench" --out "$out/$part" --no-chart)
@@ -111,7 +157,7 @@ bench)
   esac
   ;;
 *)
-  echo "usage: tools/gpu_machine.sh [--out DIR] pack|machine|test|bench PART" >&2
+  echo "usage: tools/gpu_machine.sh [--out DIR] pack|campaign|machine|test|bench PART" >&2
   exit 2
   ;;
 esac
