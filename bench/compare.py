@@ -63,9 +63,9 @@ class Worker:
 class WorkerCase:
     """A case of attn_bench: a variant or an OpenBLAS peer, timed in the worker."""
 
-    def __init__(self, worker, case):
+    def __init__(self, worker, case, suffix=""):
         self.worker, self.name, self.gflop = worker, case["name"], case["gflop"]
-        self.impl = case["name"].split("/")[1]
+        self.impl = case["name"].split("/")[1] + suffix
         # per_sequence_<variant>: a packed problem's sequences through the dense path one at a
         # time, what packing is measured against; neither a variant nor a peer.
         self.kind = ("peer" if self.impl.startswith("openblas") else
@@ -139,6 +139,13 @@ def measure_group(impls, rounds, min_time, pause):
     return results, orders
 
 
+def thread_counts(text):
+    counts = [int(n) for n in text.split(",")]
+    if any(n < 1 or n > 256 for n in counts):
+        raise argparse.ArgumentTypeError(f"expected thread counts from 1 to 256, got {text!r}")
+    return counts
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bench", default="build/release/bench/attn_bench", help="the attn_bench executable")
@@ -157,7 +164,11 @@ def main():
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cpu: the CPU variants, OpenBLAS, PyTorch and ONNX Runtime; cuda: the CUDA variants "
                              "and the PyTorch CUDA peers")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of every implementation: our kernels (attn::set_num_threads), OpenBLAS, PyTorch, ONNX Runtime")
+    parser.add_argument("--threads", type=thread_counts, default=[os.cpu_count()],
+                        help="CPU threads of every implementation: our kernels (attn::set_num_threads), OpenBLAS, "
+                             "PyTorch, ONNX Runtime (default: one per core). Several, comma-separated (1,2): the "
+                             "worker's cases at each count, interleaved, named <implementation>@<n>t (strong "
+                             "scaling); the Python peers, whose thread pools belong to this process, are then left out")
     parser.add_argument("--no-chart", action="store_true", help="skip comparison.png (needs matplotlib)")
     args = parser.parse_args()
     if args.rounds < 5:
@@ -168,11 +179,17 @@ def main():
     def wanted(name):
         return selected.search(name) and not (excluded and excluded.search(name))
 
-    worker = Worker(args.bench, args.candidate, args.threads if args.device == "cpu" else None)
-    listing = worker.ask("list")
+    # One worker per thread count (a CUDA comparison's one, on the default count).
+    counts = args.threads if args.device == "cpu" else [None]
+    workers = {n: Worker(args.bench, args.candidate, n) for n in counts}
+    suffix = {n: f"@{n}t" if len(counts) > 1 else "" for n in counts}
+    listing = next(iter(workers.values())).ask("list")
     on_device = re.compile(r"_cuda/" if args.device == "cuda" else r"^(?!.*_cuda/)")
     cases = [c for c in listing["cases"] if on_device.search(c["name"]) and wanted(c["name"])]
-    makers = peer_lib.cuda_peers() if args.device == "cuda" else peer_lib.cpu_peers(args.threads)
+    makers = (peer_lib.cuda_peers() if args.device == "cuda" else
+              peer_lib.cpu_peers(counts[0]) if len(counts) == 1 else [])
+    if len(counts) > 1:
+        print("compare: several thread counts: the Python peers are left out", file=sys.stderr)
     peers, versions = [], {}
     for make in makers:
         try:
@@ -185,7 +202,7 @@ def main():
 
     context = {**listing["context"], "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host_name": platform.node(),
                "python": platform.python_version(), "peers": versions, "rounds": args.rounds,
-               "min_time": args.min_time, "pause": args.pause, "device": args.device, "peer_threads": args.threads,
+               "min_time": args.min_time, "pause": args.pause, "device": args.device, "threads": counts,
                "command": " ".join(sys.argv)}
     problems, groups = [], []
     started = time.monotonic()
@@ -193,7 +210,8 @@ def main():
         by_function = {}
         for c in cases:
             if c["problem"] == p["name"]:
-                by_function.setdefault(c["function"], []).append(WorkerCase(worker, c))
+                for n, worker in workers.items():
+                    by_function.setdefault(c["function"], []).append(WorkerCase(worker, c, suffix[n]))
         # Each peer beside the worker's cases of its function (the fused layer's peers on
         # every problem the layer runs; the attention core's where attn_bench times the core).
         these_peers = [peer for peer in peers if wanted(f"{peer.function}/{peer.name}/{p['name']}") and
@@ -212,8 +230,10 @@ def main():
                   f"({time.monotonic() - started:.0f} s so far)", file=sys.stderr)
             results, orders = measure_group(impls, args.rounds, args.min_time, args.pause)
             groups.append({"function": function, "problem": p["name"], "impls": results, "orders": orders})
-        worker.ask("release")
-    worker.close()
+        for worker in workers.values():
+            worker.ask("release")
+    for worker in workers.values():
+        worker.close()
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -203,6 +203,39 @@ def stages_section(doc, groups):
     return out
 
 
+def scaling_section(doc, groups):
+    """Strong scaling, where compare.py timed an implementation at several thread counts
+    (<impl>@<n>t): the speedup over the fewest threads, paired per round, and the efficiency,
+    speedup / (n / fewest)."""
+    rows = []
+    for p in doc["problems"]:
+        for (function, problem), group in groups.items():
+            if problem != p["name"]:
+                continue
+            counts = {}
+            for impl in timed(group):
+                if "@" in impl and impl.endswith("t"):
+                    base, n = impl.rsplit("@", 1)
+                    counts.setdefault(base, []).append(int(n[:-1]))
+            for base, ns in sorted(counts.items()):
+                fewest = min(ns)
+                for n in sorted(ns):
+                    if n == fewest:
+                        continue
+                    r = ratio(group, f"{base}@{fewest}t", f"{base}@{n}t")
+                    share = n / fewest
+                    rows.append(f"| {p['name']} | {function} | {base} | {fewest} -> {n} | "
+                                f"{median(group[f'{base}@{fewest}t']['ms']):.3f} | {median(group[f'{base}@{n}t']['ms']):.3f} | "
+                                f"{r} | {r.median / share:.2f} [{r.lo / share:.2f}, {r.hi / share:.2f}] |")
+    if not rows:
+        return []
+    return ["## Strong scaling (paired)", "",
+            "Speedup: time on the fewest threads / time on more, per round; efficiency: speedup / the "
+            "ratio of thread counts (1: perfect).", "",
+            "| problem | function | implementation | threads | ms | ms | speedup | efficiency |",
+            "|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
 def markdown(doc):
     c = doc["context"]
     groups = {(group_function(g), g["problem"]): g["impls"] for g in doc["groups"]}
@@ -228,6 +261,7 @@ def markdown(doc):
             if (function, p["name"]) in groups:
                 out += detail_table(p, groups[(function, p["name"])])
     out += autotuned_section(doc, groups)
+    out += scaling_section(doc, groups)
     out += stages_section(doc, groups)
     return "\n".join(out) + "\n"
 

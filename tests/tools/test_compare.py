@@ -50,4 +50,14 @@ for r in range(1, rounds):
     check(orders[r] == orders[r - 1][1:] + orders[r - 1][:1], f"round {r} rotates the order of round {r - 1}")
 text = (work / "comparison.md").read_text()
 check("manual_sse41" in text and "x roofline" in text and "[" in text, "the report shows paired ratios")
-print("compare: interleaved rounds complete, paired and rotating; statistics right")
+
+# Strong scaling: the worker's cases at 1 and 2 threads, in the same rounds, and the table.
+subprocess.run([sys.executable, str(root / "bench/compare.py"), "--bench", bench, "--out", str(work / "scaling"),
+                "--rounds", str(rounds), "--min-time", "0.005", "--pause", "0", "--threads", "1,2",
+                "--filter", "attention_layer/manual_sse41/b1_s128_h384_n12$", "--no-chart"], check=True)
+scaling = json.loads((work / "scaling" / "comparison.json").read_text())
+impls = scaling["groups"][0]["impls"]
+check(sorted(impls) == ["manual_sse41@1t", "manual_sse41@2t"], f"one case per thread count: {sorted(impls)}")
+check(all(len(r["ms"]) == rounds for r in impls.values()), "every count timed in every round")
+check("Strong scaling" in (work / "scaling" / "comparison.md").read_text(), "the report shows the scaling")
+print("compare: interleaved rounds complete, paired and rotating; statistics right; scaling across thread counts")
