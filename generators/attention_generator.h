@@ -24,11 +24,14 @@ constexpr int kEstimateSeq = 128;
 constexpr int kEstimateBatchCpu = 1;
 constexpr int kEstimateBatchGpu = 8;
 
-// A generator parameter of the hand-written schedule, declared in manifest.json.
-inline Halide::GeneratorParam<int> manual_parameter(const char *name, bool zero_for_target_default = false) {
+// A generator parameter of the hand-written schedule, declared in manifest.json. One with a
+// default of its own on a GPU or on Arm starts at 0: the target's default
+// (attn_sched::manual_parameter_for).
+inline Halide::GeneratorParam<int> manual_parameter(const char *name) {
     const attn::manifest::ManualParameter &p = attn::manifest::manual_parameter(name);
-    return zero_for_target_default ? Halide::GeneratorParam<int>(name, 0, 0, p.max)
-                                   : Halide::GeneratorParam<int>(name, p.default_value, p.min, p.max);
+    const bool per_target = p.gpu_default != p.default_value || p.arm_default != p.default_value;
+    return per_target ? Halide::GeneratorParam<int>(name, 0, 0, p.max)
+                      : Halide::GeneratorParam<int>(name, p.default_value, p.min, p.max);
 }
 
 template <typename T>
@@ -38,13 +41,12 @@ public:
     Halide::GeneratorParam<std::string> function{"function", ""};
     Halide::GeneratorParam<std::string> schedule_source{"schedule", "manual"};
     // The hand-written schedule's parameters (schedules/cpu_manual.h); other sources ignore
-    // them. Those that start at 0 take the target's default (attn_sched::manual_parameter_for).
-    Halide::GeneratorParam<int> tile_rows = manual_parameter("tile_rows", true);
+    // them. The register tiles', then the attention core's blocks.
+    Halide::GeneratorParam<int> tile_rows = manual_parameter("tile_rows");
     Halide::GeneratorParam<int> tile_vectors = manual_parameter("tile_vectors");
     Halide::GeneratorParam<int> context_vectors = manual_parameter("context_vectors");
-    // The attention core's blocks.
-    Halide::GeneratorParam<int> query_block = manual_parameter("query_block", true);
-    Halide::GeneratorParam<int> key_block = manual_parameter("key_block", true);
+    Halide::GeneratorParam<int> query_block = manual_parameter("query_block");
+    Halide::GeneratorParam<int> key_block = manual_parameter("key_block");
 
     attn_sched::CpuTiling tiling() const {
         const attn_gen::Blocking b = blocking();
