@@ -2,7 +2,8 @@
 
     attn.hf.patch(model)      every BERT-family self-attention block (BertAttention: .self with
                               query/key/value, .output with dense and LayerNorm; BERT, RoBERTa,
-                              all-MiniLM-L6-v2, ...) runs as attn's fused layer
+                              all-MiniLM-L6-v2, ...) runs as attn's fused layer, and every
+                              layer around one (BertLayer) runs on the real tokens only
     attn.hf.unpatch(model)    puts the original blocks back
     attn.hf.register()        the attention core as attn_implementation="attn"
                               (transformers' AttentionInterface), for any model that routes
@@ -10,7 +11,10 @@
 
 A patched block computes exactly what the module computes in inference (dropout off): its
 parameter tensors are used in place, so loading new weights into the model is seen. Padded
-batches (right padding, transformers' default) are computed without their padding. A block
+batches (right padding, transformers' default) are computed without their padding: a
+patched BertLayer packs the real tokens, runs its attention as the packed fused layer and
+its own feed-forward on them, and scatters the result back, so that its outputs at padded
+positions are zeros (what they are does not matter: no real token reads them). A block
 called with a cache (generation) or encoder states falls back to its own forward. Inference
 only: with autograd recording and parameters that require grad, a call raises (use
 torch.inference_mode() or torch.no_grad()). A patched block does not return attention
@@ -46,21 +50,59 @@ def _keys_only(mask):
     return mask
 
 
+def _is_bert_layer(module):
+    return (_is_bert_attention(getattr(module, "attention", None) or torch.nn.Module())
+            and isinstance(getattr(module, "intermediate", None), torch.nn.Module)
+            and isinstance(getattr(module, "output", None), torch.nn.Module)
+            and callable(getattr(module, "feed_forward_chunk", None)))
+
+
+def _masks(layer, hidden_states, attention_mask):
+    """transformers' attention mask as attn's: a key padding mask [B, S] (or None) and a bias."""
+    batch, seq = hidden_states.shape[:2]
+    mask = _keys_only(attention_mask)
+    if mask is None:
+        return None, None
+    if mask.dim() == 2:  # [B, S] (1 = real token), as older versions pass it
+        return mask, None
+    from . import _core_masks
+    return _core_masks(mask, None, batch, layer.num_heads, seq, seq, hidden_states)
+
+
+def _fused_layer_forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None,
+                         encoder_attention_mask=None, cache=None, **kwargs):
+    """A whole BertLayer on the real tokens only: a right-padded batch is packed, its
+    attention runs as the packed fused layer and its feed-forward on the packed tokens, and
+    the result is scattered back (zeros at padded positions)."""
+    layer = getattr(self.attention, _LAYER)
+    keys, bias = _masks(layer, hidden_states, attention_mask)
+    if (encoder_hidden_states is not None or cache is not None or kwargs.get("past_key_values") is not None
+            or getattr(self, "chunk_size_feed_forward", 0) or bias is not None or keys is None
+            or not layer._skips_padding or hidden_states.device.type != "cpu"):
+        return type(self).forward(self, hidden_states, attention_mask, encoder_hidden_states,
+                                  encoder_attention_mask=encoder_attention_mask, cache=cache, **kwargs)
+    from . import _right_padded
+    real = keys.bool() if keys.dtype != torch.bool else keys
+    if not _right_padded(real):
+        return type(self).forward(self, hidden_states, attention_mask, encoder_hidden_states,
+                                  encoder_attention_mask=encoder_attention_mask, cache=cache, **kwargs)
+    lengths = real.sum(1, dtype=torch.int32)
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    tokens = hidden_states[real]
+    out = self.feed_forward_chunk(layer(tokens, cu_seqlens=offsets))
+    padded = hidden_states.new_zeros(hidden_states.shape)
+    padded[real] = out
+    return padded
+
+
 def _fused_forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
                    cache=None, **kwargs):
     if encoder_hidden_states is not None or cache is not None or kwargs.get("past_key_values") is not None:
         return type(self).forward(self, hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask,
                                   cache, **kwargs)
     layer = getattr(self, _LAYER)
-    batch, seq = hidden_states.shape[:2]
-    mask = _keys_only(attention_mask)
-    keys = bias = None
-    if mask is not None:
-        if mask.dim() == 2:  # [B, S] (1 = real token), as older versions pass it
-            keys = mask
-        else:
-            from . import _core_masks
-            keys, bias = _core_masks(mask, None, batch, layer.num_heads, seq, seq, hidden_states)
+    keys, bias = _masks(layer, hidden_states, attention_mask)
     return layer(hidden_states, keys, bias=bias), None
 
 
@@ -79,6 +121,10 @@ def patch(model, variant=None):
             setattr(module, _LAYER, AttentionLayer.from_hf(module, variant=variant))
             module.forward = types.MethodType(_fused_forward, module)
             patched += 1
+    # The layers around them: padded batches packed, so that the feed-forward skips padding too.
+    for module in model.modules():
+        if _is_bert_layer(module) and hasattr(module.attention, _LAYER) and "forward" not in vars(module):
+            module.forward = types.MethodType(_fused_layer_forward, module)
     if patched == 0 and not any(hasattr(m, _LAYER) for m in model.modules()):
         raise ValueError(f"model: expected BERT-family attention blocks (BertAttention: .self.query/key/value, "
                          f".output.dense/LayerNorm), found none in {type(model).__name__}")
@@ -93,6 +139,8 @@ def unpatch(model):
             delattr(module, _LAYER)
             del module.forward  # the instance's attribute: the class's forward shows again
             restored += 1
+        elif getattr(vars(module).get("forward"), "__func__", None) is _fused_layer_forward:
+            del module.forward
     return restored
 
 

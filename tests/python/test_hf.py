@@ -44,6 +44,8 @@ def test_patched_model_matches_its_own_attention(implementation):
         actual = model(input_ids=ids, attention_mask=mask).last_hidden_state
         real = mask.bool()
         assert torch.allclose(actual[real], expected[real], atol=2e-5)
+        # The layers ran on the real tokens only: nothing was computed at padded positions.
+        assert torch.equal(actual[~real], torch.zeros_like(actual[~real]))
         unpadded = model(input_ids=ids[:1]).last_hidden_state  # no mask at all
         assert torch.allclose(unpadded, expected[:1], atol=2e-5)
         assert attn.hf.unpatch(model) == 2
