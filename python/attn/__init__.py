@@ -40,6 +40,28 @@ def select(variant=None):
     return _attn.select(variant or "")
 
 
+def _variant_for(variant, a, name):
+    """The variant a call on `a` runs when the caller names none: the C++ runtime's pick for
+    this CPU, or for CUDA tensors the first CUDA variant this machine runs."""
+    if variant or not _is_cuda(a):
+        return variant or ""
+    for v in _attn.variants():
+        if v["device"] == "cuda" and v["runnable"]:
+            return v["name"]
+    reasons = {v["name"]: v["not_runnable_reason"] for v in _attn.variants() if v["device"] == "cuda"}
+    raise ValueError(f"{name}: a tensor on {a.device}, but no CUDA variant runs here "
+                     f"({reasons or 'none was compiled'})")
+
+
+def _cuda_call(a, function, *args):
+    """A call on CUDA memory: torch's queued work finished first, as Halide queues the kernels
+    on its own stream (the caller then waits for them, so results are ready for torch)."""
+    if not _is_cuda(a):
+        return function(*args)
+    _torch().cuda.current_stream(a.device).synchronize()
+    return function(*args)
+
+
 # --- arrays of either framework -------------------------------------------------------------
 
 def _torch():
@@ -217,9 +239,12 @@ def _core(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant):
         q3 = q3 * np.float32(float(scale) * math.sqrt(d))
     keys, bias = _core_masks(attn_mask, key_padding_mask, batch, heads, s_q, s_k, q)
     out = _empty(q, (batch, s_q, heads, d))
-    _call({"bias": "attn_mask", "out": "q", "hidden_size": "q", "num_heads": "q"}, _attn.attention_core,
-          variant or "", heads * d, heads, bool(is_causal), q3, k3, v3,
+    variant = _variant_for(variant, q, "q")
+    _call({"bias": "attn_mask", "out": "q", "hidden_size": "q", "num_heads": "q"}, _cuda_call, q,
+          _attn.attention_core, variant, heads * d, heads, bool(is_causal), q3, k3, v3,
           out.reshape(batch, s_q, heads * d), keys, bias)
+    if _is_cuda(q):
+        _attn.synchronize(variant)
     return out.transpose(1, 2) if _is_torch(out) else out.transpose(0, 2, 1, 3)
 
 
@@ -303,7 +328,8 @@ class AttentionLayer:
         self.hidden_size, self.num_heads = hidden, num_heads
         self.layer_norm_eps, self.causal = float(layer_norm_eps), bool(causal)
         self._layer = _call({"hidden_size": "w_q", "layer_norm_eps": "layer_norm_eps"}, _attn.Layer, hidden,
-                            num_heads, self.layer_norm_eps, self.causal, self.weights, variant or "")
+                            num_heads, self.layer_norm_eps, self.causal, self.weights,
+                            _variant_for(variant, self.weights["w_q"], "w_q"))
         self.variant = self._layer.variant["name"]
         # Padded batches skip their padding through the packed function, where the variant has it.
         self._skips_padding = "attention_layer_packed" in self._layer.variant["functions"]
@@ -369,14 +395,20 @@ class AttentionLayer:
                 raise ValueError(f"hidden_states: expected shape [B, S, {self.hidden_size}], got {list(_shape(x))}")
             batch, seq = _shape(x)[:2]
             probs = _empty(x, (batch, self.num_heads, seq, seq))
-            _call(self._NAMES, self._layer.forward, x, y, None, mask, bias, probs)
+            _call(self._NAMES, _cuda_call, x, self._layer.forward, x, y, None, mask, bias, probs)
+            self._synchronize(x)
             return y, probs
         if (self._skips_padding and mask is not None and len(_shape(mask)) == 2 and not _is_cuda(x)
                 and _right_padded(mask)):
             _call(self._NAMES, self._layer.forward_unpadded, x, mask, y, bias)
         else:
-            _call(self._NAMES, self._layer.forward, x, y, None, mask, bias, None)
+            _call(self._NAMES, _cuda_call, x, self._layer.forward, x, y, None, mask, bias, None)
+            self._synchronize(x)
         return y
+
+    def _synchronize(self, x):
+        if _is_cuda(x):
+            self._layer.synchronize()
 
     def _forward_packed(self, x, cu_seqlens, bias, output_attentions):
         if _is_torch(cu_seqlens):
