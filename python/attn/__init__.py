@@ -19,6 +19,7 @@ as the C++ runtime chooses it (attn.select()); `variant=` names one (attn.varian
 The kernels release the GIL; one layer may be called from several threads at once.
 """
 import math
+import sys
 
 import numpy as np
 
@@ -40,38 +41,19 @@ def select(variant=None):
     return _attn.select(variant or "")
 
 
-def _variant_for(variant, a, name):
-    """The variant a call on `a` runs when the caller names none: the C++ runtime's pick for
-    this CPU, or for CUDA tensors the first CUDA variant this machine runs."""
-    if variant or not _is_cuda(a):
-        return variant or ""
-    for v in _attn.variants():
-        if v["device"] == "cuda" and v["runnable"]:
-            return v["name"]
-    reasons = {v["name"]: v["not_runnable_reason"] for v in _attn.variants() if v["device"] == "cuda"}
-    raise ValueError(f"{name}: a tensor on {a.device}, but no CUDA variant runs here "
-                     f"({reasons or 'none was compiled'})")
-
-
-def _cuda_call(a, function, *args):
-    """A call on CUDA memory: torch's queued work finished first, as Halide queues the kernels
-    on its own stream (the caller then waits for them, so results are ready for torch)."""
-    if not _is_cuda(a):
-        return function(*args)
-    _torch().cuda.current_stream(a.device).synchronize()
-    return function(*args)
-
-
 # --- arrays of either framework -------------------------------------------------------------
 
 def _torch():
-    import sys
     return sys.modules.get("torch")  # only if the caller has imported it: attn does not need torch
 
 
 def _is_torch(a):
     torch = _torch()
     return torch is not None and isinstance(a, torch.Tensor)
+
+
+def _is_cuda(a):
+    return _is_torch(a) and a.device.type == "cuda"
 
 
 def _describe(a):
@@ -87,8 +69,6 @@ def _as_array(name, a, dtype="float32"):
         kind = str(a.dtype).replace("torch.", "")
     elif isinstance(a, np.ndarray):
         kind = str(a.dtype)
-    elif isinstance(a, (list, tuple)) or np.isscalar(a):
-        raise TypeError(f"{name}: expected a NumPy array or torch tensor, got {_describe(a)}")
     else:
         raise TypeError(f"{name}: expected a NumPy array or torch tensor, got {_describe(a)}")
     if dtype == "float32":
@@ -126,7 +106,7 @@ def _empty(like, shape):
 
 
 def _mask_bytes(a):
-    """A 0/1 mask as a C-contiguous uint8 array (bool is passed as it is)."""
+    """A mask (bool, or integers with 1 = take part) as a C-contiguous bool array."""
     if _is_torch(a):
         return (a if a.dtype == _torch().bool else a != 0).contiguous()
     return np.ascontiguousarray(a if a.dtype == np.bool_ else a != 0)
@@ -161,6 +141,28 @@ def _call(names, function, *args, **kwargs):
         return function(*args, **kwargs)
     except (Error, TypeError, ValueError) as e:
         raise _renamed(e, names) from None
+
+
+def _variant_for(variant, a, name):
+    """The variant a call on `a` runs when the caller names none: the C++ runtime's pick for
+    this CPU, or for CUDA tensors the first CUDA variant this machine runs."""
+    if variant or not _is_cuda(a):
+        return variant or ""
+    for v in _attn.variants():
+        if v["device"] == "cuda" and v["runnable"]:
+            return v["name"]
+    reasons = {v["name"]: v["not_runnable_reason"] for v in _attn.variants() if v["device"] == "cuda"}
+    raise ValueError(f"{name}: a tensor on {a.device}, but no CUDA variant runs here "
+                     f"({reasons or 'none was compiled'})")
+
+
+def _cuda_call(a, function, *args):
+    """A call on CUDA memory: torch's queued work finished first, as Halide queues the kernels
+    on its own stream (the caller then waits for them, so results are ready for torch)."""
+    if not _is_cuda(a):
+        return function(*args)
+    _torch().cuda.current_stream(a.device).synchronize()
+    return function(*args)
 
 
 # --- the attention core ------------------------------------------------------------------
@@ -436,7 +438,3 @@ class AttentionLayer:
     def __repr__(self):
         return (f"attn.AttentionLayer(hidden_size={self.hidden_size}, num_heads={self.num_heads}, "
                 f"causal={self.causal}, variant={self.variant!r})")
-
-
-def _is_cuda(a):
-    return _is_torch(a) and a.device.type == "cuda"
