@@ -373,6 +373,9 @@ class AttentionLayer:
         if cu_seqlens is not None:
             if attention_mask is not None:
                 raise ValueError("attention_mask: expected None with cu_seqlens (packed tokens have no padding)")
+            if _is_torch(x) and _is_torch(cu_seqlens) and not output_attentions:
+                from . import _torch_ops
+                return _torch_ops.attention_layer_packed(self, x, cu_seqlens, bias)
             return self._forward_packed(x, cu_seqlens, bias, output_attentions)
         if attention_mask is not None:
             attention_mask = _as_array("attention_mask", attention_mask, "mask")

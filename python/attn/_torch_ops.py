@@ -4,6 +4,7 @@ each as one opaque operator, whose output shapes and strides the fake implementa
 
     attn::scaled_dot_product_attention   the attention core
     attn::attention_layer                the fused layer (padded batches)
+    attn::attention_layer_packed         the fused layer over packed sequences (cu_seqlens)
 """
 import collections
 
@@ -47,14 +48,19 @@ def _remember(key, layer):
         _layers.popitem(last=False)
 
 
-@torch.library.custom_op("attn::attention_layer", mutates_args=())
-def _layer_op(x: Tensor, weights: list[Tensor], attention_mask: Tensor | None, bias: Tensor | None, num_heads: int,
-              eps: float, causal: bool, output_probs: bool, variant: str) -> tuple[Tensor, Tensor]:
+def _layer_for(weights, num_heads, eps, causal, variant):
     key = _key(weights, num_heads, eps, causal, variant)
     layer = _layers.get(key)
     if layer is None:
         layer = AttentionLayer(*weights, num_heads=num_heads, layer_norm_eps=eps, causal=causal, variant=variant)
         _remember(key, layer)
+    return layer
+
+
+@torch.library.custom_op("attn::attention_layer", mutates_args=())
+def _layer_op(x: Tensor, weights: list[Tensor], attention_mask: Tensor | None, bias: Tensor | None, num_heads: int,
+              eps: float, causal: bool, output_probs: bool, variant: str) -> tuple[Tensor, Tensor]:
+    layer = _layer_for(weights, num_heads, eps, causal, variant)
     result = layer._forward(x, attention_mask, bias, output_probs)
     if output_probs:
         return result
@@ -67,10 +73,32 @@ def _(x, weights, attention_mask, bias, num_heads, eps, causal, output_probs, va
     return x.new_empty(x.shape), x.new_empty(probs_shape)
 
 
-def attention_layer(layer, x, attention_mask, bias, output_probs):
+# Packed sequences (the probabilities, whose size depends on the offsets' values, are left to
+# AttentionLayer's own path, outside torch.compile's graphs).
+@torch.library.custom_op("attn::attention_layer_packed", mutates_args=())
+def _packed_op(x: Tensor, weights: list[Tensor], cu_seqlens: Tensor, bias: Tensor | None, num_heads: int, eps: float,
+               causal: bool, variant: str) -> Tensor:
+    return _layer_for(weights, num_heads, eps, causal, variant)._forward_packed(x, cu_seqlens, bias, False)
+
+
+@_packed_op.register_fake
+def _(x, weights, cu_seqlens, bias, num_heads, eps, causal, variant):
+    return x.new_empty(x.shape)
+
+
+def _weights_of(layer):
     weights = [layer.weights[name] for name in _WEIGHTS]
-    if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():  # this layer serves the operator's calls with these weights
         _remember(_key(weights, layer.num_heads, layer.layer_norm_eps, layer.causal, layer.variant), layer)
-    y, probs = _layer_op(x, weights, attention_mask, bias, layer.num_heads, layer.layer_norm_eps, layer.causal,
-                         output_probs, layer.variant)
+    return weights
+
+
+def attention_layer(layer, x, attention_mask, bias, output_probs):
+    y, probs = _layer_op(x, _weights_of(layer), attention_mask, bias, layer.num_heads, layer.layer_norm_eps,
+                         layer.causal, output_probs, layer.variant)
     return (y, probs) if output_probs else y
+
+
+def attention_layer_packed(layer, x, cu_seqlens, bias):
+    return _packed_op(x, _weights_of(layer), cu_seqlens, bias, layer.num_heads, layer.layer_norm_eps, layer.causal,
+                      layer.variant)

@@ -119,6 +119,16 @@ def test_bad_weights_name_the_argument():
         attn.AttentionLayer(*args, num_heads=HEADS)
 
 
+def test_torch_compile_fullgraph_packed():
+    layer, w, x = layer_and_input()
+    offsets = torch.tensor([0, 4, 4, 11], dtype=torch.int32)
+
+    def model(tokens, offsets):
+        return layer(tokens + 1, cu_seqlens=offsets) * 2
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    assert torch.allclose(compiled(x[0], offsets), model(x[0], offsets), atol=1e-6)
+
+
 def test_torch_compile_fullgraph():
     layer, w, x = layer_and_input()
     mask = torch.ones(3, 11, dtype=torch.int64)
