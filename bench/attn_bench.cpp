@@ -94,8 +94,8 @@ int main(int argc, char **argv) {
             // Our kernels and the OpenBLAS peers on the same count (bench/compare.py --threads).
             char *end = nullptr;
             const long threads = std::strtol(argv[i] + std::strlen(threads_flag), &end, 10);
-            if (*end || threads < 1 || threads > 256) {
-                std::fprintf(stderr, "attn_bench: --threads: expected 1 to 256, got '%s'\n",
+            if (*end || threads < 1 || threads > attn::kMaxThreads) {
+                std::fprintf(stderr, "attn_bench: --threads: expected 1 to %d, got '%s'\n", attn::kMaxThreads,
                              argv[i] + std::strlen(threads_flag));
                 return 1;
             }

@@ -140,9 +140,10 @@ def measure_group(impls, rounds, min_time, pause):
 
 
 def thread_counts(text):
+    """Counts of at least 1; attn_bench refuses more than the runtime's limit (attn::kMaxThreads)."""
     counts = [int(n) for n in text.split(",")]
-    if any(n < 1 or n > 256 for n in counts):
-        raise argparse.ArgumentTypeError(f"expected thread counts from 1 to 256, got {text!r}")
+    if any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"expected thread counts of at least 1, got {text!r}")
     return counts
 
 

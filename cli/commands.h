@@ -32,7 +32,8 @@ int draw_heatmaps(const HeatmapOptions &options);
 
 struct GenerateOptions {
     std::string target, schedule, out, generator, name_suffix;
-    int jobs = 0;  // generators run at once; 0: one per core
+    int jobs = 0;          // generators run at once; 0: one per core
+    bool dry_run = false;  // say what would be generated, and run nothing
 };
 int generate_libraries(const GenerateOptions &options);
 

@@ -103,6 +103,44 @@ std::optional<std::pair<std::string, int>> run_jobs(const std::vector<Job> &jobs
     return failure;
 }
 
+std::vector<std::string> split_target(const std::string &target) {
+    std::vector<std::string> parts;
+    std::size_t start = 0;
+    for (std::size_t dash; (dash = target.find('-', start)) != std::string::npos; start = dash + 1)
+        parts.push_back(target.substr(start, dash - start));
+    parts.push_back(target.substr(start));
+    return parts;
+}
+
+// The manifest ISA a target is: of those of its architecture (the first two parts), the one
+// with the most features in common with it, then the fewest others (so that
+// x86-64-linux-avx2-fma is avx2, whose halide_target also names sse41 and avx); empty when
+// none matches (e.g. "host").
+std::string isa_of_target(const std::string &target) {
+    const std::vector<std::string> parts = split_target(target);
+    if (parts.size() < 2) return "";
+    const std::set<std::string> features(parts.begin() + std::min<std::size_t>(parts.size(), 3), parts.end());
+    std::string best;
+    std::pair<std::size_t, std::size_t> best_score;  // (in common, -others), compared as a pair
+    for (const manifest::Isa &isa : manifest::kIsas) {
+        const std::vector<std::string> own = split_target(isa.halide_target);
+        if (own.size() < 2 || own[0] != parts[0] || own[1] != parts[1]) continue;
+        std::size_t common = 0;
+        for (std::size_t i = 3; i < own.size(); ++i) common += features.count(own[i]);
+        const std::pair<std::size_t, std::size_t> score{common, std::size_t(-1) - (own.size() - 3 - common)};
+        if (best.empty() || score > best_score) best = isa.name, best_score = score;
+    }
+    return best;
+}
+
+bool provided(const std::string &source, const std::string &isa, const std::string &function) {
+    return std::none_of(manifest::kNotProvided.begin(), manifest::kNotProvided.end(),
+                        [&](const manifest::NotProvided &n) {
+                            return source == n.source && function == n.function &&
+                                   (std::string(n.isa) == "all" || isa == n.isa);
+                        });
+}
+
 std::string c_identifier(const std::string &s) {
     std::string out;
     for (char c : s) out += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
@@ -120,19 +158,26 @@ int generate_libraries(const GenerateOptions &options) {
         if (std::string(s.kind) != "tuned") known += (known.empty() ? "" : ", ") + std::string(s.name);
     }
     std::vector<const manifest::GeneratorParams *> functions;
+    bool known_source = false;
+    if (options.target.empty()) throw Error("--target", "empty; give a Halide target such as arm-64-linux");
+    // What the source cannot schedule on the target's ISA (manifest.json: not_provided) is
+    // left out, as the build leaves it out of that ISA's variant.
+    const std::string isa = isa_of_target(options.target);
     for (const manifest::GeneratorParams &g : manifest::kGeneratorParams) {
-        if (options.schedule == g.source) functions.push_back(&g);
+        if (options.schedule != g.source) continue;
+        known_source = true;
+        if (provided(g.source, isa, g.function)) {
+            functions.push_back(&g);
+        } else {
+            std::printf("leaving out %s: schedule %s cannot provide it on %s (manifest.json: not_provided)\n",
+                        g.function, g.source, isa.c_str());
+        }
     }
-    if (functions.empty()) {
+    if (!known_source) {
         throw Error("--schedule", "unknown schedule source '" + options.schedule + "'; manifest.json has " + known);
     }
-    if (options.target.empty()) throw Error("--target", "empty; give a Halide target such as arm-64-linux");
     const std::string generator = find_generator(options.generator);
     const std::string suffix = options.name_suffix.empty() ? c_identifier(options.target) : options.name_suffix;
-
-    std::error_code ec;
-    fs::create_directories(options.out, ec);
-    if (ec) throw Error("--out", "cannot create " + options.out + ": " + ec.message());
 
     nlohmann::json manifest = {{"target", options.target},
                                {"schedule", options.schedule},
@@ -159,6 +204,13 @@ int generate_libraries(const GenerateOptions &options) {
     jobs.push_back({"attn_halide_runtime",
                     {generator, "-r", "attn_halide_runtime", "-o", options.out, "-e", "static_library",
                      "target=" + options.target}});
+    if (options.dry_run) {
+        for (const Job &job : jobs) std::printf("would generate %s\n", job.label.c_str());
+        return 0;
+    }
+    std::error_code ec;
+    fs::create_directories(options.out, ec);
+    if (ec) throw Error("--out", "cannot create " + options.out + ": " + ec.message());
     const int parallel = options.jobs > 0 ? options.jobs : int(std::max(1u, std::thread::hardware_concurrency()));
     std::printf("generating %zu libraries for %s with schedule %s, %d at a time\n", jobs.size(), options.target.c_str(),
                 options.schedule.c_str(), parallel);

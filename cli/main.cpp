@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
     int threads = 0;
     const auto threads_option = [&](CLI::App *command) {
         command->add_option("--threads", threads, "CPU threads the kernels use (default: one per CPU core)")
-            ->check(CLI::Range(1, 256));
+            ->check(CLI::Range(1, attn::kMaxThreads));
     };
     threads_option(run_cmd);
     run_cmd->add_option("--eps", run.eps, "LayerNorm epsilon (default: layer_norm_eps of config.json, else 1e-12)");
@@ -78,6 +78,7 @@ int main(int argc, char **argv) {
         ->check(CLI::PositiveNumber);
     generate_cmd->add_option("--name-suffix", generate.name_suffix,
                              "suffix of the function names (default: the target, as an identifier)");
+    generate_cmd->add_flag("--dry-run", generate.dry_run, "say what would be generated, and generate nothing");
 
     BenchOptions bench;
     auto *bench_cmd =

@@ -29,9 +29,8 @@ constexpr int kEstimateBatchGpu = 8;
 // (attn_sched::manual_parameter_for).
 inline Halide::GeneratorParam<int> manual_parameter(const char *name) {
     const attn::manifest::ManualParameter &p = attn::manifest::manual_parameter(name);
-    const bool per_target = p.gpu_default != p.default_value || p.arm_default != p.default_value;
-    return per_target ? Halide::GeneratorParam<int>(name, 0, 0, p.max)
-                      : Halide::GeneratorParam<int>(name, p.default_value, p.min, p.max);
+    return attn_sched::takes_target_default(name) ? Halide::GeneratorParam<int>(name, 0, 0, p.max)
+                                                  : Halide::GeneratorParam<int>(name, p.default_value, p.min, p.max);
 }
 
 template <typename T>
@@ -50,13 +49,16 @@ public:
 
     attn_sched::CpuTiling tiling() const {
         const attn_gen::Blocking b = blocking();
-        return {attn_sched::manual_parameter_for(this->get_target(), "tile_rows", tile_rows), int(tile_vectors),
-                b.query_block, int(context_vectors)};
+        const Halide::Target &t = this->get_target();
+        return {attn_sched::manual_parameter_for(t, "tile_rows", tile_rows),
+                attn_sched::manual_parameter_for(t, "tile_vectors", tile_vectors), b.query_block,
+                attn_sched::manual_parameter_for(t, "context_vectors", context_vectors)};
     }
     attn_gen::Blocking blocking() const {
         const Halide::Target &t = this->get_target();
         return {attn_sched::manual_parameter_for(t, "query_block", query_block),
-                attn_sched::manual_parameter_for(t, "key_block", key_block), attn_sched::key_chunk(t, tile_vectors)};
+                attn_sched::manual_parameter_for(t, "key_block", key_block),
+                attn_sched::key_chunk(t, attn_sched::manual_parameter_for(t, "tile_vectors", tile_vectors))};
     }
 
     int estimate_batch() const { return this->get_target().has_gpu_feature() ? kEstimateBatchGpu : kEstimateBatchCpu; }

@@ -135,14 +135,28 @@ std::string frozen_isa(const Halide::Target &target) {
     return best->frozen_schedules_of;
 }
 
+bool takes_target_default(const char *name) {
+    const attn::manifest::ManualParameter &p = attn::manifest::manual_parameter(name);
+    return p.gpu_default != p.default_value || p.arm_default != p.default_value;
+}
+
 // GPU key_block: 64 keys per step ran 4-8% faster on an H100 (separate runs, not
 // interleaved) but took more than the 48 KB of shared memory Halide 21 launches with at
 // head_dim 80 (a launch failure that PoCL does not show), so 32 (its gpu_default).
 int manual_parameter_for(const Halide::Target &target, const char *name, int given) {
-    if (given > 0) return given;
     const attn::manifest::ManualParameter &p = attn::manifest::manual_parameter(name);
-    if (target.has_gpu_feature()) return p.gpu_default;
-    return target.arch == Halide::Target::ARM ? p.arm_default : p.default_value;
+    if (given == 0 && takes_target_default(name)) {
+        if (target.has_gpu_feature()) return p.gpu_default;
+        return target.arch == Halide::Target::ARM ? p.arm_default : p.default_value;
+    }
+    // Halide does not hold a GeneratorParam to its range, and a 0 would divide by zero.
+    if (given < p.min || given > p.max) {
+        throw Halide::CompileError(std::string(name) + "=" + std::to_string(given) + ": expected " +
+                                   std::to_string(p.min) + " to " + std::to_string(p.max) +
+                                   (takes_target_default(name) ? ", or 0 for the target's default" : "") +
+                                   " (manifest.json: manual_parameters)");
+    }
+    return given;
 }
 
 int key_chunk(const Halide::Target &target, int tile_vectors) {

@@ -44,8 +44,13 @@ void guard_every_split(Halide::Pipeline pipeline);
 void apply_frozen_schedule(const std::string &function, const std::string &source, Halide::Pipeline pipeline,
                            const Halide::Target &target);
 
-// A hand-written schedule's parameter: `given` if positive, else manifest.json's default
-// for the target: gpu_default on a GPU, arm_default on Arm, default elsewhere. So the
+// Whether a hand-written schedule's parameter has a default of its own on a GPU or on Arm
+// (manifest.json): its generator parameter then starts at 0, "the target's default".
+bool takes_target_default(const char *name);
+// A hand-written schedule's parameter: `given`, which must lie in manifest.json's range
+// (a CompileError names the parameter otherwise), or for 0 where takes_target_default,
+// manifest.json's default for the target: gpu_default on a GPU, arm_default on Arm,
+// default elsewhere. So the
 // flash core's blocks are 64 queries by 512 keys on a CPU (a block's scores and
 // exponentials, 128 KiB each, stay in L2) and 32 by 32 on a GPU (its running state and
 // tiles stay in the 48 KB of shared memory that Halide 21 launches with, for head dims

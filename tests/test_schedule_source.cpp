@@ -73,4 +73,21 @@ TEST(FrozenIsa, IsTheManifestIsaWithMostOfTheTargetsFeatures) {
     EXPECT_EQ(attn_sched::frozen_isa(Halide::Target("arm-64-linux")), "arm64");
 }
 
+TEST(ManualParameter, OutOfRangeFailsNamingTheParameterAndZeroTakesTheTargetsDefault) {
+    const Halide::Target cpu("x86-64-linux-avx2"), gpu("x86-64-linux-sse41-cuda"), arm("arm-64-linux");
+    EXPECT_EQ(attn_sched::manual_parameter_for(cpu, "tile_vectors", 4), 4);
+    try {
+        attn_sched::manual_parameter_for(cpu, "tile_vectors", 0);  // would divide by zero in the schedule
+        FAIL() << "tile_vectors=0 accepted";
+    } catch (const Halide::CompileError &e) {
+        EXPECT_NE(std::string(e.what()).find("tile_vectors=0: expected 1 to 6 (manifest.json: manual_parameters)"),
+                  std::string::npos)
+            << e.what();
+    }
+    EXPECT_THROW(attn_sched::manual_parameter_for(cpu, "query_block", 2048), Halide::CompileError);
+    EXPECT_EQ(attn_sched::manual_parameter_for(gpu, "query_block", 0), 32);
+    EXPECT_EQ(attn_sched::manual_parameter_for(cpu, "query_block", 0), 64);
+    EXPECT_EQ(attn_sched::manual_parameter_for(arm, "tile_rows", 0), 8);
+}
+
 }  // namespace

@@ -8,9 +8,9 @@
 namespace attn {
 
 int set_num_threads(int threads) {
-    // Halide's pool takes at most 256 threads and would clamp more without a word.
-    if (threads < 0 || threads > 256) {
-        throw Error("threads", "expected 0 (one per CPU core) to 256, got " + std::to_string(threads));
+    if (threads < 0 || threads > kMaxThreads) {
+        throw Error("threads", "expected 0 (one per CPU core) to " + std::to_string(kMaxThreads) + ", got " +
+                                   std::to_string(threads));
     }
     return halide_set_num_threads(threads);
 }

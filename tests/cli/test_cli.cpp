@@ -653,5 +653,21 @@ TEST_F(CliTest, GenerateRefusesUnknownSchedulesAndTargets) {
     EXPECT_NE(r.output.find("--target: attn_generators failed on attn_"), std::string::npos) << r.output;
 }
 
+// A schedule source that cannot schedule a function on the target's ISA leaves it out, as
+// the build does (manifest.json: not_provided): Li2018 has no packed layer on x86.
+TEST_F(CliTest, GenerateLeavesOutWhatTheSourceCannotProvideOnTheTarget) {
+    const Result r = attn("generate --dry-run --target x86-64-linux-avx2-fma-f16c --schedule li2018 --out " +
+                          path("dry"));
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("leaving out attention_layer_packed: schedule li2018 cannot provide it on avx2"),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("would generate attn_attention_layer_li2018_"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("would generate attn_attention_layer_packed_li2018_"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(path("dry"))) << "a dry run wrote its output folder";
+    const Result manual = attn("generate --dry-run --target arm-64-linux --schedule manual --out " + path("dry"));
+    EXPECT_EQ(manual.output.find("leaving out"), std::string::npos) << manual.output;
+}
+
 }  // namespace
 }  // namespace attn::cli

@@ -190,8 +190,10 @@ const VariantInfo &select_variant(const std::string &name = "");
 // what is kept back to the system; returns how many bytes.
 std::size_t release_scratch_memory();
 
+// The most threads Halide's thread pool takes (it would clamp more without a word).
+inline constexpr int kMaxThreads = 256;
 // The CPU threads the kernels may use, for the whole process (Halide's thread pool, which
-// every CPU variant shares): 1 to 256, or 0 for the default, one per CPU core (or
+// every CPU variant shares): 1 to kMaxThreads, or 0 for the default, one per CPU core (or
 // $HL_NUM_THREADS). Returns the count it replaces (0: none yet). A call already running
 // finishes with the threads it has.
 int set_num_threads(int threads);
