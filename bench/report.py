@@ -236,6 +236,38 @@ def scaling_section(doc, groups):
             "|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
+def default_pick(doc, groups):
+    """[(function, problem, fastest CPU variant, Ratio default / fastest)] for every group where
+    the runtime's default pick (context: selected_variant) was timed beside other variants."""
+    selected = doc["context"].get("selected_variant")
+    rows = []
+    for (function, problem), group in groups.items():
+        if not selected or not group.get(selected, {}).get("ms"):
+            continue
+        cpu = [i for i in timed(group) if group[i]["kind"] == "variant" and "@" not in i
+               and isa_of(i) not in ("cuda", "opencl")]
+        fastest, _ = best(group, ("variant",), cpu)
+        if fastest:
+            rows.append((function, problem, fastest, ratio(group, selected, fastest)))
+    return rows
+
+
+def default_pick_section(doc, groups):
+    rows = default_pick(doc, groups)
+    if not rows:
+        return []
+    out = ["## The default pick against the fastest variant (paired)", "",
+           f"`{doc['context']['selected_variant']}` is what `attn::select_variant()` picks on this machine. Ratio: "
+           "its time / the fastest CPU variant's, per round (1.00 when it is the fastest); \"slower\" when the "
+           "interval lies above 1 (`report.py --check-default` fails then).", "",
+           "| function | problem | fastest CPU variant | default / fastest | verdict |", "|---|---|---|---|---|"]
+    for function, problem, fastest, r in rows:
+        selected = doc["context"]["selected_variant"]
+        verdict = "fastest" if fastest == selected else "slower" if r.lo > 1.0 else "within noise"
+        out.append(f"| {function} | {problem} | {fastest} | {r} | {verdict} |")
+    return out + [""]
+
+
 def markdown(doc):
     c = doc["context"]
     groups = {(group_function(g), g["problem"]): g["impls"] for g in doc["groups"]}
@@ -260,6 +292,7 @@ def markdown(doc):
         for p in doc["problems"]:
             if (function, p["name"]) in groups:
                 out += detail_table(p, groups[(function, p["name"])])
+    out += default_pick_section(doc, groups)
     out += autotuned_section(doc, groups)
     out += scaling_section(doc, groups)
     out += stages_section(doc, groups)
@@ -316,10 +349,22 @@ def main():
     parser.add_argument("results", help="comparison.json from bench/compare.py")
     parser.add_argument("--markdown", help="default: beside the results, comparison.md")
     parser.add_argument("--chart", help="default: beside the results, comparison.png")
+    parser.add_argument("--check-default", action="store_true",
+                        help="exit 1 when the default pick is measurably slower than the fastest CPU variant anywhere")
     args = parser.parse_args()
     results = pathlib.Path(args.results)
-    write(json.loads(results.read_text()), args.markdown or results.with_suffix(".md"),
-          args.chart or results.with_suffix(".png"))
+    doc = json.loads(results.read_text())
+    write(doc, args.markdown or results.with_suffix(".md"), args.chart or results.with_suffix(".png"))
+    if args.check_default:
+        groups = {(group_function(g), g["problem"]): g["impls"] for g in doc["groups"]}
+        slower = [(f, p, fastest, r) for f, p, fastest, r in default_pick(doc, groups) if r.lo > 1.0]
+        for f, p, fastest, r in slower:
+            print(f"report: {f}/{p}: the default {doc['context']['selected_variant']} takes {r} x the time of "
+                  f"{fastest}", file=sys.stderr)
+        if slower:
+            raise SystemExit(1)
+        print(f"report: the default {doc['context'].get('selected_variant')} is within noise of the fastest CPU "
+              "variant, or is it, on every problem")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,14 @@ check(report.median([4, 1, 3, 2]) == 2.5, "median of an even count")
 r = report.Ratio([2.0, 2.2, 1.8, 2.0, 2.1], [1.0, 1.0, 1.0, 1.0, 1.0])
 check((r.median, r.lo, r.hi, r.within_noise) == (2.0, 1.8, 2.2, False), f"paired ratio {r}")
 check(report.Ratio([1.0, 1.1, 0.95, 1.0, 1.02], [1.0] * 5).within_noise, "a ratio around 1 is within noise")
+# The default pick against the fastest CPU variant (a GPU variant is no rival).
+variant = lambda ms: {"kind": "variant", "ms": ms}  # noqa: E731
+picks = report.default_pick({"context": {"selected_variant": "autotuned_avx2"}}, {
+    ("attention_layer", "slow"): {"autotuned_avx2": variant([2.0] * 5), "manual_avx2": variant([1.0, 1.1, 1.0, 0.9, 1.0]),
+                                  "manual_opencl": variant([0.1] * 5)},
+    ("attention_layer", "fast"): {"autotuned_avx2": variant([1.0] * 5), "manual_avx2": variant([1.2] * 5)}})
+check([(p, fastest, round(r.median, 2), r.lo > 1) for _, p, fastest, r in picks] ==
+      [("slow", "manual_avx2", 2.0, True), ("fast", "autotuned_avx2", 1.0, False)], f"default pick: {picks}")
 
 bench, work = sys.argv[1], pathlib.Path(sys.argv[2])
 rounds = 5
