@@ -1,5 +1,6 @@
 #include "serve.h"
 
+#include "attn/internal.h"
 #include "openblas_peers.h"
 #include "peak_memory.h"
 
@@ -17,13 +18,6 @@ using testing::ListedProblem;
 using testing::Problem;
 
 namespace {
-std::string cpu_model() {
-    std::ifstream cpuinfo("/proc/cpuinfo");
-    for (std::string line; std::getline(cpuinfo, line);) {
-        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-    }
-    return "unknown";
-}
 
 // The problem list, with each sequence's real length, for the Python side (bench/compare.py).
 nlohmann::json problems_json() {
@@ -50,13 +44,14 @@ nlohmann::json problems_json() {
 }  // namespace
 
 nlohmann::json context_json() {
-    return {{"cpu_model", cpu_model()},
+    return {{"cpu_model", attn::detail::cpu_model()},
             {"num_cpus", std::thread::hardware_concurrency()},
             {"halide", "21.0.0"},
             {"openblas", openblas_get_config()},
             {"threads", num_threads()},
             {"openblas_threads", openblas_get_num_threads()},
-            {"selected_variant", select_variant().name}};
+            {"selected_variant", select_variant().name},
+            {"selected_because", attn::default_variant_reason()}};
 }
 
 int serve(const std::vector<Case> &cases) {

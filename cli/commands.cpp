@@ -80,7 +80,7 @@ int list_variants(const VariantsOptions &options) {
                         v.functions.size(), all);
         }
     }
-    std::printf("\nselected on this machine: %s\n", select_variant().name.c_str());
+    std::printf("\nselected on this machine: %s\n", default_variant_reason().c_str());
     return 0;
 }
 

@@ -29,6 +29,7 @@ endif ()
 find_package(Python3 3.9 COMPONENTS Interpreter REQUIRED)
 execute_process(COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/tools/manifest.py" emit
                         --header "${ATTN_GENERATED_DIR}/attn/generated/manifest.h"
+                        --dispatch-header "${ATTN_GENERATED_DIR}/attn/generated/dispatch.h"
                         --cmake "${PROJECT_BINARY_DIR}/attn_manifest.cmake"
                         --arch ${ATTN_ARCH}
                         --only-variants "${ATTN_ONLY_VARIANTS}"

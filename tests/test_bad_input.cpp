@@ -1,7 +1,11 @@
 // Malformed calls: each gets attn::Error naming the argument, with the expected and
 // actual value in the message, and nothing is written.
+#include "attn/generated/dispatch.h"
+#include "attn/generated/manifest.h"
+#include "attn/internal.h"
 #include "support/variant_param.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -264,6 +268,33 @@ TEST(Variants, ListingMatchesThisCpu) {
         EXPECT_EQ(v.runnable, v.not_runnable_reason.empty()) << v.name << ": " << v.not_runnable_reason;
     }
     EXPECT_TRUE(select_variant().runnable);
+}
+
+// The default follows a measurement of this CPU that covered its widest instruction set
+// (generated/dispatch.json), else the rule, and says which.
+TEST(Variants, DefaultFollowsAMeasurementOfThisCpuOrTheRule) {
+    const std::string reason = default_variant_reason();
+    EXPECT_EQ(reason.rfind(select_variant().name + ": ", 0), 0u) << reason;
+    std::string widest;
+    int rank = 0;
+    for (const VariantInfo &v : variants()) {
+        for (const manifest::Isa &isa : manifest::kIsas) {
+            if (v.runnable && isa.name == v.isa && isa.dispatch_rank > rank) widest = v.isa, rank = isa.dispatch_rank;
+        }
+    }
+    for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
+        if (detail::cpu_model() != m.cpu_model || !m.isas.contains(widest)) continue;
+        for (const char *name : m.order) {
+            const auto v = std::find_if(variants().begin(), variants().end(),
+                                        [&](const VariantInfo &i) { return i.name == name && i.runnable; });
+            if (v == variants().end()) continue;
+            EXPECT_EQ(select_variant().name, name) << reason;
+            EXPECT_NE(reason.find("measured"), std::string::npos) << reason;
+            return;
+        }
+    }
+    EXPECT_EQ(select_variant().isa, widest) << reason;
+    EXPECT_NE(reason.find("by rule"), std::string::npos) << reason;
 }
 
 }  // namespace

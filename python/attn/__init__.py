@@ -24,10 +24,10 @@ import sys
 import numpy as np
 
 from . import _attn
-from ._attn import MAX_THREADS, Error, num_threads, release_scratch_memory, set_num_threads
+from ._attn import MAX_THREADS, Error, default_variant_reason, num_threads, release_scratch_memory, set_num_threads
 
-__all__ = ["AttentionLayer", "Error", "MAX_THREADS", "num_threads", "release_scratch_memory",
-           "scaled_dot_product_attention", "select", "set_num_threads", "variants"]
+__all__ = ["AttentionLayer", "Error", "MAX_THREADS", "default_variant_reason", "num_threads",
+           "release_scratch_memory", "scaled_dot_product_attention", "select", "set_num_threads", "variants"]
 
 
 def variants():

@@ -218,6 +218,8 @@ NB_MODULE(_attn, m) {
     m.def(
         "select", [](const std::string &name) { return variant_dict(attn::select_variant(name)); },
         nb::arg("name") = "", "The variant a call with this name (empty: the default for this CPU) would use.");
+    m.def("default_variant_reason", &attn::default_variant_reason,
+          "The default variant's name and why it was picked: the measurement it follows, or the rule.");
     m.attr("MAX_THREADS") = attn::kMaxThreads;
     m.def("set_num_threads", &attn::set_num_threads, nb::arg("threads"),
           "The CPU threads the kernels may use (0: one per core); returns the previous count.");

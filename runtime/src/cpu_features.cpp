@@ -4,6 +4,9 @@
 #include "attn/generated/manifest.h"
 #include "attn/internal.h"
 
+#include <fstream>
+#include <string>
+
 #if defined(__aarch64__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
@@ -61,6 +64,14 @@ bool cpu_supports(const std::string &isa, std::string *missing) {
     }
     if (missing) *missing = "unknown ISA '" + isa + "'";
     return false;
+}
+
+std::string cpu_model() {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    for (std::string line; std::getline(cpuinfo, line);) {
+        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+    }
+    return "unknown";
 }
 
 }  // namespace attn::detail

@@ -1,5 +1,6 @@
 // The variant table (what this build compiled, attn/generated/compiled_functions.inc,
 // described by manifest.json) and calling a compiled function by argument names.
+#include "attn/generated/dispatch.h"
 #include "attn/generated/manifest.h"
 #include "attn/internal.h"
 
@@ -118,21 +119,64 @@ bool VariantInfo::runs_own_kernels(const std::string &function, const ProblemExt
                        [&](const ProblemDimension &d) { return call.*d.extent >= found->second.*d.extent; });
 }
 
-// The runnable variant of the highest ISA dispatch rank, then of the highest schedule
-// source priority (manifest.json); a rank or priority of 0 is chosen by name only.
-const VariantInfo &select_variant(const std::string &name) {
-    if (name.empty()) {
-        const Entry *best = nullptr;
-        for (const Entry &e : entries()) {
-            if (e.registered || !e.info.runnable || !e.dispatch_rank || !e.dispatch_priority) continue;
-            if (!best || std::pair(e.dispatch_rank, e.dispatch_priority) >
-                             std::pair(best->dispatch_rank, best->dispatch_priority)) {
-                best = &e;
+namespace {
+
+struct DefaultChoice {
+    const Entry *entry = nullptr;
+    std::string reason;
+};
+
+// The default variant, and why: a measurement of this CPU (generated/dispatch.json) that
+// covered its widest instruction set, else the rule: the runnable variant of the highest
+// ISA dispatch rank, then of the highest schedule source priority (manifest.json); a rank
+// or priority of 0 is chosen by name only.
+DefaultChoice choose_default() {
+    DefaultChoice rule;
+    for (const Entry &e : entries()) {
+        if (e.registered || !e.info.runnable || !e.dispatch_rank || !e.dispatch_priority) continue;
+        if (!rule.entry || std::pair(e.dispatch_rank, e.dispatch_priority) >
+                               std::pair(rule.entry->dispatch_rank, rule.entry->dispatch_priority)) {
+            rule.entry = &e;
+        }
+    }
+    if (!rule.entry) return rule;
+    const std::string model = detail::cpu_model(), widest = rule.entry->info.isa;
+    for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
+        if (model != m.cpu_model || !m.isas.contains(widest)) continue;
+        for (const char *name : m.order) {
+            for (const Entry &e : entries()) {
+                if (e.info.name == name && e.info.runnable && !e.registered) {
+                    return {&e, "measured: the variant closest to the fastest on every fused-layer problem of " +
+                                    std::string(m.source) + " (" + m.date + "), on this CPU model (" + model +
+                                    ") with " + widest + " its widest instruction set"};
+                }
             }
         }
-        if (!best)
+    }
+    rule.reason = "by rule, as no measurement in generated/dispatch.json is of this CPU (" + model + ") with " +
+                  widest + " measured: the widest instruction set (" + widest +
+                  "), then the schedule source of highest dispatch_priority (manifest.json)";
+    return rule;
+}
+
+const DefaultChoice &default_choice() {
+    static const DefaultChoice choice = choose_default();
+    return choice;
+}
+
+}  // namespace
+
+std::string default_variant_reason() {
+    const DefaultChoice &c = default_choice();
+    return c.entry ? c.entry->info.name + ": " + c.reason : "no compiled variant can run on this CPU";
+}
+
+const VariantInfo &select_variant(const std::string &name) {
+    if (name.empty()) {
+        const DefaultChoice &c = default_choice();
+        if (!c.entry)
             throw Error("variant", "no compiled variant can run on this CPU (compiled: " + variant_names() + ")");
-        return best->info;
+        return c.entry->info;
     }
     for (const Entry &e : entries()) {
         if (e.info.name != name) continue;

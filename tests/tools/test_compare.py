@@ -58,6 +58,15 @@ for r in range(1, rounds):
     check(orders[r] == orders[r - 1][1:] + orders[r - 1][:1], f"round {r} rotates the order of round {r - 1}")
 text = (work / "comparison.md").read_text()
 check("manual_sse41" in text and "x roofline" in text and "[" in text, "the report shows paired ratios")
+# The measured dispatch order (tools/dispatch.py) of this run: its CPU variants, fastest first, no peer.
+sys.path.insert(0, str(root / "tools"))
+import dispatch  # noqa: E402
+import manifest as manifest_lib  # noqa: E402
+entry = dispatch.measured_order(doc, manifest_lib.load())
+variants_timed = sorted(n for n in runnable if n.startswith("manual_"))
+check(sorted(entry["order"]) == variants_timed and entry["time_over_fastest"][0] == 1.0
+      and entry["time_over_fastest"] == sorted(entry["time_over_fastest"]) and entry["problems"] == 1,
+      f"dispatch order: {entry}")
 
 # Strong scaling: the worker's cases at 1 and 2 threads, in the same rounds, and the table.
 subprocess.run([sys.executable, str(root / "bench/compare.py"), "--bench", bench, "--out", str(work / "scaling"),

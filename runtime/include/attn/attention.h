@@ -179,11 +179,15 @@ struct VariantInfo {
 
 // Every compiled variant, by ISA then schedule source, in manifest order.
 const std::vector<VariantInfo> &variants();
-// The variant to use on this machine: of the CPU variants it can run, the one of the
-// widest ISA, then of the preferred schedule source (autotuned, then hand-written).
-// `name` empty selects it; otherwise the named one (GPU and autoscheduled variants are
-// chosen by name), which must exist and be runnable here.
+// The variant to use on this machine, when `name` is empty: on a CPU measured here
+// (generated/dispatch.json, written by tools/dispatch.py from interleaved comparisons) whose
+// widest instruction set the measurement covered, the variant closest to the fastest on
+// every problem; elsewhere, of the CPU variants it can run, the one of the widest ISA, then
+// of the preferred schedule source (autotuned, then hand-written). Otherwise the named one
+// (GPU and autoscheduled variants are chosen by name), which must exist and be runnable here.
 const VariantInfo &select_variant(const std::string &name = "");
+// The default's name and why it was picked: the measurement it follows, or the rule.
+std::string default_variant_reason();
 
 // Host memory: Halide's large intermediates (1 MiB and more) are kept after a call for
 // the next, up to 1 GiB, sparing the page faults of fresh memory on every call. Gives

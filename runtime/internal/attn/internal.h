@@ -72,6 +72,8 @@ const VariantInfo &register_variant(VariantInfo info, FunctionTable functions);
 
 // Whether this CPU has the features the ISA's code uses (manifest.json); `missing` names them.
 bool cpu_supports(const std::string &isa, std::string *missing);
+// The CPU's model name as Linux reports it (/proc/cpuinfo), "unknown" where it does not.
+std::string cpu_model();
 
 // Whether `device` ("cpu", "cuda", "opencl") can run here: for a GPU, its driver loads
 // and reports a device; `why` says what is missing.

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""The measured dispatch order: which variant the runtime picks by default on a CPU where it
+was measured (generated/dispatch.json, read into the build by tools/manifest.py).
+
+    tools/dispatch.py generated/results/comparison.json [more comparison.json ...]
+
+From each interleaved comparison (bench/compare.py) of the fused layer, the CPU variants
+timed on every one of its attention_layer problems are ranked by the geometric mean, over
+those problems, of their median time over the fastest variant's: the first is the one
+closest to the fastest everywhere. One entry per CPU model and measured instruction sets
+(a newer comparison of the same replaces the older). The runtime uses an entry when the
+host's CPU model is the entry's and the host's widest instruction set was measured;
+otherwise it falls back to the rule (runtime/src/variants.cpp).
+"""
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "bench"))
+import manifest as manifest_lib  # noqa: E402
+from report import group_function, isa_of, timed  # noqa: E402
+
+DISPATCH = ROOT / "generated" / "dispatch.json"
+LAYER = "attention_layer"
+
+
+def measured_order(doc, manifest):
+    """The entry of one comparison: its CPU, the instruction sets measured, and the ranking."""
+    cpu_isas = [name for name, isa in manifest.isas.items() if isa["device"] == "cpu"]
+    groups = [g["impls"] for g in doc["groups"] if group_function(g) == LAYER]
+    if not groups:
+        raise SystemExit("dispatch: the comparison timed no attention_layer problem")
+    medians = []
+    for impls in groups:
+        times = {i: t for i, t in timed(impls).items()
+                 if impls[i]["kind"] == "variant" and "@" not in i and isa_of(i) in cpu_isas}
+        if times:
+            medians.append(times)
+    everywhere = set.intersection(*(set(t) for t in medians))
+    if not everywhere:
+        raise SystemExit("dispatch: no CPU variant was timed on every attention_layer problem")
+    score = {v: math.exp(sum(math.log(t[v] / min(t.values())) for t in medians) / len(medians)) for v in everywhere}
+    order = sorted(everywhere, key=lambda v: (score[v], v))
+    c = doc["context"]
+    return {"cpu_model": c.get("cpu_model", "unknown"),
+            "isas": [i for i in cpu_isas if any(isa_of(v) == i for v in everywhere)],
+            "date": c.get("date", "?"), "command": c.get("command", "?"), "problems": len(medians),
+            "order": order, "time_over_fastest": [round(score[v], 4) for v in order]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("comparisons", nargs="+", help="comparison.json files of bench/compare.py")
+    parser.add_argument("--out", default=str(DISPATCH))
+    args = parser.parse_args()
+    manifest = manifest_lib.load()
+    out = pathlib.Path(args.out)
+    entries = json.loads(out.read_text())["measured"] if out.exists() else []
+    for path in args.comparisons:
+        entry = measured_order(json.loads(pathlib.Path(path).read_text()), manifest)
+        entry["source"] = str(pathlib.Path(path).resolve().relative_to(ROOT)) if pathlib.Path(
+            path).resolve().is_relative_to(ROOT) else path
+        entries = [e for e in entries if (e["cpu_model"], e["isas"]) != (entry["cpu_model"], entry["isas"])]
+        entries.append(entry)
+        print(f"dispatch: {entry['cpu_model']} ({' '.join(entry['isas'])}): {entry['order'][0]} first, over "
+              f"{entry['problems']} problems")
+    doc = {"about": ["Written by tools/dispatch.py from interleaved comparisons; never edit by hand. On a host of",
+                     "an entry's cpu_model whose widest instruction set is among its isas, the runtime's default",
+                     "variant is the first of its order that runs (README, 'How dispatch works')."],
+           "measured": entries}
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
