@@ -16,6 +16,9 @@
 #                                      (GPU runtime tests, device memory, long context;
 #                                      SCOPE cuda), every AVX-512 variant if the CPU has
 #                                      AVX-512 (SCOPE avx512), or both (all, the default)
+#   tools/gpu_machine.sh python        there: the Python package on CUDA tensors against torch
+#                                      and timed beside it (tools/gpu_python_check.py), if
+#                                      that machine's python3 is the version it was built for
 #   tools/gpu_machine.sh campaign      here: the steps a session lent a GPU runs, in order,
 #                                      each one command of the device tool (run them first)
 #   tools/gpu_machine.sh bench PART    there: the interleaved comparison, PART one of
@@ -48,7 +51,8 @@ has_avx512() { grep -qw avx512f /proc/cpuinfo; }
 campaign=(
   "machine|1|the GPU, driver and host CPU: machine.txt"
   "test cuda|4|every CUDA variant against the reference: tests-cuda.log"
-  "test avx512|4|every AVX-512 variant on the host CPU (skipped without AVX-512): tests-avx512.log"
+  "test avx512|3|every AVX-512 variant on the host CPU (skipped without AVX-512): tests-avx512.log"
+  "python|2|the Python package on CUDA tensors, checked and timed beside torch: python.log"
   "bench layer-short --rounds 7 --min-time 0.2|6|the fused layer at S <= 512 beside PyTorch eager, SDPA and the cuBLAS roofline"
   "bench layer-long --rounds 7 --min-time 0.2|6|the fused layer at S = 2048 to 8192"
   "bench stages --rounds 7 --min-time 0.1|6|each stage alone"
@@ -82,11 +86,15 @@ case "$step" in
 pack)
   source tools/setup.sh
   cmake --preset release -B build/gpu -DATTN_ONLY_VARIANTS="$variants" >/dev/null
-  cmake --build build/gpu --target attn_tests attn_bench
-  rm -rf "$carry" && mkdir -p "$carry/lib"
+  cmake --build build/gpu --target attn_tests attn_bench attn_python_module
+  rm -rf "$carry" && mkdir -p "$carry/lib" "$carry/python/attn"
   for program in tests/attn_tests bench/attn_bench; do
     strip -o "$carry/$(basename "$program")" "build/gpu/$program"
   done
+  # The Python package (its files, not the build tree's links), and the Python it is for.
+  cp -L build/gpu/python/attn/*.py "$carry/python/attn/"
+  strip -o "$carry/python/attn/$(basename build/gpu/python/attn/_attn*.so)" build/gpu/python/attn/_attn*.so
+  python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")' > "$carry/python/VERSION"
   # The shared libraries that an image with only the CUDA driver and PyTorch may lack:
   # every one the programs need outside glibc, the C++ runtime and the loader.
   ldd "$carry/attn_tests" "$carry/attn_bench" | awk '/=> \//{print $3}' | sort -u |
@@ -136,6 +144,17 @@ test)
   tail -30 "$out/tests-$scope.log"
   exit "$status"
   ;;
+python)
+  built_for=$(cat "$carry/python/VERSION")
+  here=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  if [[ "$here" != "$built_for" ]]; then
+    echo "python: skipped: this machine's python3 is $here, and the package was built for $built_for" |
+      tee "$out/python.log"
+    exit 0
+  fi
+  PYTHONPATH="$carry/python" python3 tools/gpu_python_check.py "$@" 2>&1 | tee "$out/python.log"
+  exit "${PIPESTATUS[0]}"
+  ;;
 bench)
   export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   openblas_kernels
@@ -157,7 +176,7 @@ bench)
   esac
   ;;
 *)
-  echo "usage: tools/gpu_machine.sh [--out DIR] pack|campaign|machine|test|bench PART" >&2
+  echo "usage: tools/gpu_machine.sh [--out DIR] pack|campaign|machine|test|python|bench PART" >&2
   exit 2
   ;;
 esac
