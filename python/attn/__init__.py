@@ -195,7 +195,8 @@ def _core_masks(attn_mask, key_padding_mask, batch, heads, s_q, s_k, reference):
                              f"got {list(shape)}")
         mask4 = attn_mask.reshape(padded)
         key_only = None
-        if padded[1] == 1 and padded[2] == 1:  # [B or 1, 1, 1, S_k]: keys only, if its values allow
+        if padded[1] == 1 and padded[2] == 1 and padded[3] == s_k:  # [B or 1, 1, 1, S_k]: keys only, if
+            # its values allow
             row = mask4.reshape(padded[0], s_k)
             if is_bool:
                 key_only = row
@@ -236,7 +237,7 @@ def _core(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant):
         t = a.transpose(1, 2) if _is_torch(a) else a.transpose(0, 2, 1, 3)
         return _contiguous(t).reshape(t.shape[0], t.shape[1], heads * d)
     q3, k3, v3 = interleaved(q), interleaved(k), interleaved(v)
-    if scale is not None and float(scale) != 1.0 / math.sqrt(d):
+    if scale is not None and not math.isclose(float(scale), 1.0 / math.sqrt(d), rel_tol=1e-6):
         # The kernels scale by 1/sqrt(d); another scale is folded into a copy of q.
         q3 = q3 * np.float32(float(scale) * math.sqrt(d))
     keys, bias = _core_masks(attn_mask, key_padding_mask, batch, heads, s_q, s_k, q)
@@ -247,7 +248,14 @@ def _core(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant):
           out.reshape(batch, s_q, heads * d), keys, bias)
     if _is_cuda(q):
         _attn.synchronize(variant)
-    return out.transpose(1, 2) if _is_torch(out) else out.transpose(0, 2, 1, 3)
+    out = out.transpose(1, 2) if _is_torch(out) else out.transpose(0, 2, 1, 3)
+    if bias is not None:
+        # A query whose every key the mask excludes (all -inf) gets zeros, as from the key
+        # padding mask and as torch gives; the kernels' online softmax would average V there.
+        empty = (bias == -np.inf).all(-1)[..., None]  # [B or 1, heads or 1, S_q, 1]
+        if bool(empty.any()):
+            out = out.masked_fill(empty, 0.0) if _is_torch(out) else np.where(empty, np.float32(0), out)
+    return out
 
 
 def _check_core_inputs(q, k, v):
@@ -285,6 +293,9 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     _check_no_grad((("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask)))
     if _is_torch(q):
         from . import _torch_ops
+        for name, mask in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
+            if mask is not None:
+                _check_device(name, mask, "q", q)
         _as_array("attn_mask", attn_mask, "mask" if attn_mask is not None and attn_mask.dtype == _torch().bool
                   else "float32")
         _as_array("key_padding_mask", key_padding_mask, "mask")
@@ -333,6 +344,10 @@ class AttentionLayer:
                             num_heads, self.layer_norm_eps, self.causal, self.weights,
                             _variant_for(variant, self.weights["w_q"], "w_q"))
         self.variant = self._layer.variant["name"]
+        self._device = self._layer.variant["device"]
+        if _is_torch(w_q):
+            from . import _torch_ops
+            _torch_ops.remember(self)
         # Padded batches skip their padding through the packed function, where the variant has it.
         self._skips_padding = "attention_layer_packed" in self._layer.variant["functions"]
 
@@ -360,8 +375,10 @@ class AttentionLayer:
         packed sequences, FlashAttention's varlen form), packed tokens [T, H] -> [T, H].
 
         attention_mask [B, S]: 1 = real token, 0 = padding (transformers' attention_mask).
-        Right-padded batches are computed without their padding (rows at padded positions
-        come back as zeros). bias: an additive score bias [B or 1, heads or 1, S, S] (packed:
+        Right-padded batches on the CPU are computed without their padding, through the
+        packed function where the variant has it (without probabilities, and with a bias of
+        batch 1 if any): rows at padded positions then come back as zeros; otherwise they
+        are computed as any row (and no real token reads them). bias: an additive score bias [B or 1, heads or 1, S, S] (packed:
         [heads or 1, S_max, S_max]). output_attentions: also returns the probabilities,
         [B, heads, S, S] (packed: each sequence's [heads, L, L], concatenated).
         """
@@ -404,7 +421,7 @@ class AttentionLayer:
             self._synchronize(x)
             return y, probs
         if (self._skips_padding and mask is not None and len(_shape(mask)) == 2 and not _is_cuda(x)
-                and _right_padded(mask)):
+                and (bias is None or _shape(bias)[0] == 1) and _right_padded(mask)):
             _call(self._NAMES, self._layer.forward_unpadded, x, mask, y, bias)
         else:
             _call(self._NAMES, _cuda_call, x, self._layer.forward, x, y, None, mask, bias, None)
@@ -431,12 +448,16 @@ class AttentionLayer:
         bias = None if bias is None else _contiguous(bias)
         y = _empty(x, _shape(x))
         probs = None
-        if output_attentions:
+        if output_attentions:  # in host memory, as the runtime writes it (then moved to x's device)
             offsets = np.asarray(cu_seqlens, dtype=np.int64)
             lengths = offsets[1:] - offsets[:-1]
-            probs = _empty(x, (int(self.num_heads * (lengths * lengths).sum()),))
-        _call(self._NAMES, self._layer.forward_packed, x, cu_seqlens, y, bias, probs)
-        return (y, probs) if output_attentions else y
+            size = int(self.num_heads * (lengths * lengths).sum())
+            probs = _torch().empty(size) if _is_torch(x) else np.empty(size, dtype=np.float32)
+        _call(self._NAMES, _cuda_call, x, self._layer.forward_packed, x, cu_seqlens, y, bias, probs)
+        self._synchronize(x)
+        if output_attentions:
+            return y, (probs.to(x.device) if _is_torch(x) else probs)
+        return y
 
     def __repr__(self):
         return (f"attn.AttentionLayer(hidden_size={self.hidden_size}, num_heads={self.num_heads}, "

@@ -6,7 +6,7 @@ each as one opaque operator, whose output shapes and strides the fake implementa
     attn::attention_layer                the fused layer (padded batches)
     attn::attention_layer_packed         the fused layer over packed sequences (cu_seqlens)
 """
-import collections
+import weakref
 
 import torch
 
@@ -31,9 +31,12 @@ def scaled_dot_product_attention(q, k, v, attn_mask, key_padding_mask, is_causal
     return _sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant)
 
 
-# The operator takes the weights as tensors (the compiler sees them as inputs); the prepared
-# layer for a set of weights is kept, the most recent 64, so that a GPU variant uploads them once.
-_layers = collections.OrderedDict()
+# The operator takes the weights as tensors (the compiler sees them as inputs) and runs the
+# caller's AttentionLayer of those weights: a layer is found by its weights' storage and
+# version, weakly (it keeps its weights alive, and the caller decides how long). A GPU
+# variant's layer holds a copy uploaded when it was made, so it stands only for the weights
+# as they were then; a CPU layer reads them in place, whatever their version since.
+_layers = weakref.WeakValueDictionary()
 
 
 def _key(weights, num_heads, eps, causal, variant):
@@ -41,19 +44,19 @@ def _key(weights, num_heads, eps, causal, variant):
             num_heads, eps, causal, variant)
 
 
-def _remember(key, layer):
-    _layers[key] = layer
-    _layers.move_to_end(key)
-    while len(_layers) > 64:
-        _layers.popitem(last=False)
+def remember(layer):
+    """Lets the operators find `layer` by its weights as they are now."""
+    key = _key([layer.weights[name] for name in _WEIGHTS], layer.num_heads, layer.layer_norm_eps, layer.causal,
+               layer.variant)
+    if layer._device == "cpu" or key == getattr(layer, "_uploaded", key):
+        layer._uploaded = getattr(layer, "_uploaded", key)
+        _layers[key] = layer
 
 
 def _layer_for(weights, num_heads, eps, causal, variant):
-    key = _key(weights, num_heads, eps, causal, variant)
-    layer = _layers.get(key)
-    if layer is None:
+    layer = _layers.get(_key(weights, num_heads, eps, causal, variant))
+    if layer is None:  # weights no layer of the caller's stands for (yet): one for this call
         layer = AttentionLayer(*weights, num_heads=num_heads, layer_norm_eps=eps, causal=causal, variant=variant)
-        _remember(key, layer)
     return layer
 
 
@@ -87,10 +90,9 @@ def _(x, weights, cu_seqlens, bias, num_heads, eps, causal, variant):
 
 
 def _weights_of(layer):
-    weights = [layer.weights[name] for name in _WEIGHTS]
     if not torch.compiler.is_compiling():  # this layer serves the operator's calls with these weights
-        _remember(_key(weights, layer.num_heads, layer.layer_norm_eps, layer.causal, layer.variant), layer)
-    return weights
+        remember(layer)
+    return [layer.weights[name] for name in _WEIGHTS]
 
 
 def attention_layer(layer, x, attention_mask, bias, output_probs):

@@ -6,11 +6,14 @@
                               layer around one (BertLayer) runs on the real tokens only
     attn.hf.unpatch(model)    puts the original blocks back
     attn.hf.register()        the attention core as attn_implementation="attn"
-                              (transformers' AttentionInterface), for any model that routes
-                              attention through it
+                              (transformers' AttentionInterface), for models that route
+                              attention through it (grouped-query heads are repeated)
 
-A patched block computes exactly what the module computes in inference (dropout off): its
-parameter tensors are used in place, so loading new weights into the model is seen. Padded
+A patched block computes exactly what the module computes in inference (dropout off). On a
+CPU variant its parameter tensors are read in place, so loading new weights into the model
+is seen; a GPU variant copies them to the device when patched (patch again after loading
+new weights). Only BERT's block exactly is patched (its submodules and nothing else), not
+a relative with more in it (e.g. Nystromformer's convolution). Padded
 batches (right padding, transformers' default) are computed without their padding: a
 patched BertLayer packs the real tokens, runs its attention as the packed fused layer and
 its own feed-forward on them, and scatters the result back, so that its outputs at padded
@@ -29,12 +32,23 @@ import torch
 from . import AttentionLayer, scaled_dot_product_attention
 
 _LAYER = "_attn_layer"
+_PREVIOUS = "_attn_previous_forward"  # an instance's own forward attribute before patch() (a hook's)
+
+
+def _children(module):
+    return {name for name, _ in module.named_children()}
 
 
 def _is_bert_attention(module):
+    """BERT's attention block exactly: query/key/value Linears and dropout, then dense,
+    LayerNorm and dropout, and nothing else (a family member with more, e.g. Nystromformer's
+    convolution, computes something else and is left alone)."""
     s, o = getattr(module, "self", None), getattr(module, "output", None)
     return (isinstance(s, torch.nn.Module) and isinstance(o, torch.nn.Module)
+            and _children(module) == {"self", "output"}
+            and type(s).__name__.endswith("SelfAttention") and _children(s) <= {"query", "key", "value", "dropout"}
             and all(isinstance(getattr(s, n, None), torch.nn.Linear) for n in ("query", "key", "value"))
+            and _children(o) <= {"dense", "LayerNorm", "dropout"}
             and isinstance(getattr(o, "dense", None), torch.nn.Linear)
             and isinstance(getattr(o, "LayerNorm", None), torch.nn.LayerNorm)
             and not getattr(module, "is_cross_attention", False))
@@ -51,9 +65,8 @@ def _keys_only(mask):
 
 
 def _is_bert_layer(module):
-    return (_is_bert_attention(getattr(module, "attention", None) or torch.nn.Module())
-            and isinstance(getattr(module, "intermediate", None), torch.nn.Module)
-            and isinstance(getattr(module, "output", None), torch.nn.Module)
+    return (isinstance(getattr(module, "attention", None), torch.nn.Module) and _is_bert_attention(module.attention)
+            and _children(module) == {"attention", "intermediate", "output"}
             and callable(getattr(module, "feed_forward_chunk", None)))
 
 
@@ -69,23 +82,29 @@ def _masks(layer, hidden_states, attention_mask):
     return _core_masks(mask, None, batch, layer.num_heads, seq, seq, hidden_states)
 
 
-def _fused_layer_forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None,
-                         encoder_attention_mask=None, cache=None, **kwargs):
+def _own_forward(self, *args, **kwargs):
+    """The module's forward as it was before patch(): its class's, or an earlier instance
+    attribute (a hook's wrapper) that patch() kept."""
+    previous = vars(self).get(_PREVIOUS)
+    return previous(*args, **kwargs) if previous is not None else type(self).forward(self, *args, **kwargs)
+
+
+def _fused_layer_forward(self, hidden_states, *args, **kwargs):
     """A whole BertLayer on the real tokens only: a right-padded batch is packed, its
     attention runs as the packed fused layer and its feed-forward on the packed tokens, and
-    the result is scattered back (zeros at padded positions)."""
+    the result is scattered back (zeros at padded positions). Any other call (encoder states,
+    a cache, left padding, a general mask) runs the layer's own forward, with its arguments
+    as given."""
+    attention_mask = args[0] if args else kwargs.get("attention_mask")
     layer = getattr(self.attention, _LAYER)
+    others = list(args[1:]) + [v for k, v in kwargs.items() if k not in ("attention_mask", "output_attentions")]
     keys, bias = _masks(layer, hidden_states, attention_mask)
-    if (encoder_hidden_states is not None or cache is not None or kwargs.get("past_key_values") is not None
-            or getattr(self, "chunk_size_feed_forward", 0) or bias is not None or keys is None
-            or not layer._skips_padding or hidden_states.device.type != "cpu"):
-        return type(self).forward(self, hidden_states, attention_mask, encoder_hidden_states,
-                                  encoder_attention_mask=encoder_attention_mask, cache=cache, **kwargs)
     from . import _right_padded
+    if (any(v is not None and v is not False for v in others) or getattr(self, "chunk_size_feed_forward", 0)
+            or bias is not None or keys is None or not layer._skips_padding or hidden_states.device.type != "cpu"
+            or not _right_padded(keys)):
+        return _own_forward(self, hidden_states, *args, **kwargs)
     real = keys.bool() if keys.dtype != torch.bool else keys
-    if not _right_padded(real):
-        return type(self).forward(self, hidden_states, attention_mask, encoder_hidden_states,
-                                  encoder_attention_mask=encoder_attention_mask, cache=cache, **kwargs)
     lengths = real.sum(1, dtype=torch.int32)
     offsets = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     torch.cumsum(lengths, 0, out=offsets[1:])
@@ -96,11 +115,11 @@ def _fused_layer_forward(self, hidden_states, attention_mask=None, encoder_hidde
     return padded
 
 
-def _fused_forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
-                   cache=None, **kwargs):
-    if encoder_hidden_states is not None or cache is not None or kwargs.get("past_key_values") is not None:
-        return type(self).forward(self, hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask,
-                                  cache, **kwargs)
+def _fused_forward(self, hidden_states, *args, **kwargs):
+    attention_mask = args[0] if args else kwargs.get("attention_mask")
+    others = list(args[1:]) + [v for k, v in kwargs.items() if k not in ("attention_mask", "output_attentions")]
+    if any(v is not None and v is not False for v in others):  # encoder states, a cache: its own forward
+        return _own_forward(self, hidden_states, *args, **kwargs)
     layer = getattr(self, _LAYER)
     keys, bias = _masks(layer, hidden_states, attention_mask)
     return layer(hidden_states, keys, bias=bias), None
@@ -115,16 +134,22 @@ def patch(model, variant=None):
         warnings.warn("attn.hf.patch: torch's OpenMP threads spin after each operator (libgomp's default) and take "
                       "the cores from attn's kernels in between; set OMP_WAIT_POLICY=PASSIVE before torch starts "
                       "(README, 'Using it from Python')", RuntimeWarning, stacklevel=2)
+    def swap(module, forward):
+        if "forward" in vars(module):  # a hook's wrapper: kept, for the fallback and for unpatch()
+            setattr(module, _PREVIOUS, vars(module)["forward"])
+        module.forward = types.MethodType(forward, module)
+
     patched = 0
     for module in model.modules():
         if _is_bert_attention(module) and not hasattr(module, _LAYER):
             setattr(module, _LAYER, AttentionLayer.from_hf(module, variant=variant))
-            module.forward = types.MethodType(_fused_forward, module)
+            swap(module, _fused_forward)
             patched += 1
     # The layers around them: padded batches packed, so that the feed-forward skips padding too.
     for module in model.modules():
-        if _is_bert_layer(module) and hasattr(module.attention, _LAYER) and "forward" not in vars(module):
-            module.forward = types.MethodType(_fused_layer_forward, module)
+        if (_is_bert_layer(module) and hasattr(module.attention, _LAYER)
+                and getattr(vars(module).get("forward"), "__func__", None) is not _fused_layer_forward):
+            swap(module, _fused_layer_forward)
     if patched == 0 and not any(hasattr(m, _LAYER) for m in model.modules()):
         raise ValueError(f"model: expected BERT-family attention blocks (BertAttention: .self.query/key/value, "
                          f".output.dense/LayerNorm), found none in {type(model).__name__}")
@@ -133,14 +158,19 @@ def patch(model, variant=None):
 
 def unpatch(model):
     """Undoes patch(): every block runs its own forward again. Returns how many."""
+    def restore(module):
+        del module.forward  # the instance's attribute: the class's forward shows again,
+        if _PREVIOUS in vars(module):  # or the one that was there before
+            module.forward = vars(module).pop(_PREVIOUS)
+
     restored = 0
     for module in model.modules():
         if hasattr(module, _LAYER):
             delattr(module, _LAYER)
-            del module.forward  # the instance's attribute: the class's forward shows again
+            restore(module)
             restored += 1
         elif getattr(vars(module).get("forward"), "__func__", None) is _fused_layer_forward:
-            del module.forward
+            restore(module)
     return restored
 
 
@@ -154,8 +184,15 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     [B, S, heads, d] and no probabilities."""
     if dropout:
         raise ValueError(f"dropout: attn computes inference only, got {dropout} (put the model in eval mode)")
-    mask = _keys_only(attention_mask)
-    is_causal = bool(getattr(module, "is_causal", False)) and mask is None and query.shape[2] > 1
+    if key.shape[1] != query.shape[1]:  # grouped-query attention: each key/value head serves a group
+        group = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+    mask = attention_mask[..., : key.shape[2]] if attention_mask is not None else None
+    mask = _keys_only(mask)
+    # As transformers' SDPA path: causal when asked (or the module is) and no mask says otherwise.
+    is_causal = kwargs.get("is_causal")
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    is_causal = bool(is_causal) and mask is None and query.shape[2] > 1
     out = scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling)
     return out.transpose(1, 2), None
 

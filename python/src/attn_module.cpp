@@ -192,17 +192,18 @@ NB_MODULE(_attn, m) {
     m.doc() = "attn's C++ runtime: Halide-compiled BERT self-attention (use the attn package, not this module)";
 
     // attn.Error: a ValueError whose `argument` names the argument at fault.
-    static nb::object error_type = nb::steal(PyErr_NewExceptionWithDoc(
-        "attn.Error", "An invalid argument (ValueError); .argument names it.", PyExc_ValueError, nullptr));
-    m.attr("Error") = error_type;
+    // Never released: the translator may run until the interpreter is gone.
+    static PyObject *error_type = PyErr_NewExceptionWithDoc(
+        "attn.Error", "An invalid argument (ValueError); .argument names it.", PyExc_ValueError, nullptr);
+    m.attr("Error") = nb::handle(error_type);
     nb::register_exception_translator(
         [](const std::exception_ptr &p, void *) {
             try {
                 std::rethrow_exception(p);
             } catch (const attn::Error &e) {
-                nb::object error = error_type(nb::str(e.what()));
+                nb::object error = nb::handle(error_type)(nb::str(e.what()));
                 error.attr("argument") = nb::str(e.argument().c_str());
-                PyErr_SetObject(error_type.ptr(), error.ptr());
+                PyErr_SetObject(error_type, error.ptr());
             }
         },
         nullptr);
@@ -242,7 +243,12 @@ NB_MODULE(_attn, m) {
         nb::arg("v"), nb::arg("out"), nb::arg("key_padding_mask").none(), nb::arg("bias").none(),
         "The attention core on [B, S, heads·d] arrays (heads interleaved), into `out` [B, S_q, heads·d].");
     m.def(
-        "synchronize", [](const std::string &variant) { attn::synchronize(attn::select_variant(variant)); },
+        "synchronize",
+        [](const std::string &variant) {
+            const attn::VariantInfo &info = attn::select_variant(variant);
+            nb::gil_scoped_release release;
+            attn::synchronize(info);
+        },
         nb::arg("variant"));
 
     nb::class_<Layer>(m, "Layer")

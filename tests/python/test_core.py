@@ -51,7 +51,7 @@ def test_masks_boolean_additive_and_keys_only():
     q, k, v = qkv()
     g = torch.Generator().manual_seed(7)
     general = torch.rand(2, 1, 13, 17, generator=g) > 0.3
-    general[..., 0] = True  # no row fully masked: torch gives NaN there
+    general[..., 0] = True  # no row fully masked (test_masks_that_broadcast_... covers those)
     additive = torch.randn(2, 3, 13, 17, generator=g)
     keys_only = torch.rand(2, 1, 1, 17, generator=g) > 0.5
     keys_only[..., 0] = True
@@ -64,6 +64,19 @@ def test_masks_boolean_additive_and_keys_only():
              keys_only[:, 0, 0])):
         actual = attn.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         check(actual, q, k, v, name, bias=bias, keys=keys)
+
+
+def test_masks_that_broadcast_and_rows_they_empty_match_torch():
+    q, k, v = qkv(s_q=17)
+    rows = torch.ones(2, 1, 17, 17, dtype=torch.bool)
+    rows[0, 0, 3] = False  # query 3 of batch 0 sees no key: zeros, as torch gives
+    for mask in (torch.ones(2, 1, 1, 1, dtype=torch.bool), torch.zeros(1, 1), torch.zeros(17, 1), rows,
+                 torch.zeros(2, 1, 17, 17).masked_fill(~rows, float("-inf"))):
+        expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        actual = attn.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        assert torch.allclose(actual, expected.nan_to_num(0.0), atol=1e-5), list(mask.shape)
+    out = attn.scaled_dot_product_attention(q, k, v, attn_mask=rows)
+    assert torch.equal(out[0, :, 3], torch.zeros_like(out[0, :, 3]))
 
 
 def test_a_row_without_keys_gets_zeros():

@@ -56,6 +56,25 @@ def test_patch_refuses_a_model_without_bert_attention():
         attn.hf.patch("bert")
 
 
+def test_patch_leaves_relatives_with_more_in_them_alone():
+    config = transformers.NystromformerConfig(vocab_size=100, hidden_size=64, num_attention_heads=4,
+                                              intermediate_size=128, num_hidden_layers=1, segment_means_seq_len=16,
+                                              num_landmarks=4)
+    with pytest.raises(ValueError, match="model: expected BERT-family attention blocks"):
+        attn.hf.patch(transformers.NystromformerModel(config).eval())
+
+
+def test_unpatch_restores_a_forward_that_was_there():
+    model = small_bert("eager")
+    block = model.encoder.layer[0].attention
+    hook = block.forward  # an instance attribute, as accelerate's hooks set
+    block.forward = hook
+    attn.hf.patch(model)
+    assert block.forward != hook
+    attn.hf.unpatch(model)
+    assert vars(block)["forward"] is hook
+
+
 def test_registered_attention_implementation():
     name = attn.hf.register()
     model = small_bert("sdpa")

@@ -61,6 +61,26 @@ def test_causal_bias_and_probabilities():
     assert (probs.triu(diagonal=1) == 0).all()
 
 
+def test_a_bias_per_batch_with_right_padding():
+    layer, w, x = layer_and_input()
+    mask = torch.ones(3, 11, dtype=torch.bool)
+    mask[1, 6:] = False
+    bias = torch.randn(3, HEADS, 11, 11, generator=torch.Generator().manual_seed(8))
+    y = layer(x, mask, bias=bias)  # not the unpadded path, which takes a bias of batch 1 only
+    check(y, x, w, "bias per batch", keys=mask, bias=bias)
+
+
+def test_layers_are_found_by_their_weights_weakly():
+    import gc
+    import weakref
+    layer, w, x = layer_and_input()
+    layer(x)
+    alive = weakref.ref(layer)
+    del layer
+    gc.collect()
+    assert alive() is None, "the operators' table keeps a layer (and its weights) alive"
+
+
 def test_packed_sequences_match_each_sequence_alone():
     layer, w, _ = layer_and_input()
     lengths = [5, 0, 9, 1]
