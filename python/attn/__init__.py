@@ -60,20 +60,22 @@ def _describe(a):
     return f"{type(a).__module__}.{type(a).__name__}"
 
 
+def _dtype(a):
+    """An array's dtype by its NumPy name ("float32", "bool", ...), whichever its framework."""
+    return str(a.dtype).replace("torch.", "")
+
+
 def _as_array(name, a, dtype="float32"):
-    """`a` as a NumPy array or torch tensor of `dtype` ('float32' or 'mask'), unchanged when it
-    already is one; a TypeError naming `name` otherwise."""
+    """`a` as a NumPy array or torch tensor of `dtype` ('float32', 'int32' or 'mask'), unchanged
+    when it already is one; a TypeError naming `name` otherwise."""
     if a is None:
         return None
-    if _is_torch(a):
-        kind = str(a.dtype).replace("torch.", "")
-    elif isinstance(a, np.ndarray):
-        kind = str(a.dtype)
-    else:
+    if not _is_torch(a) and not isinstance(a, np.ndarray):
         raise TypeError(f"{name}: expected a NumPy array or torch tensor, got {_describe(a)}")
-    if dtype == "float32":
-        if kind != "float32":
-            raise TypeError(f"{name}: expected dtype float32, got {kind}")
+    kind = _dtype(a)
+    if dtype in ("float32", "int32"):
+        if kind != dtype:
+            raise TypeError(f"{name}: expected dtype {dtype}, got {kind}")
     elif dtype == "mask":
         if kind not in ("bool", "uint8", "int8", "int16", "int32", "int64"):
             raise TypeError(f"{name}: expected a bool or integer mask (1 = take part), got dtype {kind}")
@@ -184,7 +186,7 @@ def _core_masks(attn_mask, key_padding_mask, batch, heads, s_q, s_k, reference):
     bias = None
     if attn_mask is not None:
         _check_device("attn_mask", attn_mask, "q", reference)
-        is_bool = str(attn_mask.dtype).replace("torch.", "") == "bool"
+        is_bool = _dtype(attn_mask) == "bool"
         if not is_bool:
             _as_array("attn_mask", attn_mask)
         shape = _shape(attn_mask)
@@ -433,14 +435,7 @@ class AttentionLayer:
             self._layer.synchronize()
 
     def _forward_packed(self, x, cu_seqlens, bias, output_attentions):
-        if _is_torch(cu_seqlens):
-            kind = str(cu_seqlens.dtype).replace("torch.", "")
-        elif isinstance(cu_seqlens, np.ndarray):
-            kind = str(cu_seqlens.dtype)
-        else:
-            raise TypeError(f"cu_seqlens: expected a NumPy array or torch tensor, got {_describe(cu_seqlens)}")
-        if kind != "int32":
-            raise TypeError(f"cu_seqlens: expected dtype int32, got {kind}")
+        _as_array("cu_seqlens", cu_seqlens, "int32")
         if _is_torch(cu_seqlens):
             cu_seqlens = cu_seqlens.cpu()  # host memory: the runtime reads the offsets to plan the call
         x = _contiguous(x)

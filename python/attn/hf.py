@@ -89,20 +89,28 @@ def _own_forward(self, *args, **kwargs):
     return previous(*args, **kwargs) if previous is not None else type(self).forward(self, *args, **kwargs)
 
 
+def _mask_of_plain_call(args, kwargs):
+    """(the attention mask, whether the call passes nothing else that matters: no encoder
+    states, no cache), from a block's forward arguments after hidden_states."""
+    attention_mask = args[0] if args else kwargs.get("attention_mask")
+    others = list(args[1:]) + [v for k, v in kwargs.items() if k not in ("attention_mask", "output_attentions")]
+    return attention_mask, all(v is None or v is False for v in others)
+
+
 def _fused_layer_forward(self, hidden_states, *args, **kwargs):
     """A whole BertLayer on the real tokens only: a right-padded batch is packed, its
     attention runs as the packed fused layer and its feed-forward on the packed tokens, and
     the result is scattered back (zeros at padded positions). Any other call (encoder states,
     a cache, left padding, a general mask) runs the layer's own forward, with its arguments
     as given."""
-    attention_mask = args[0] if args else kwargs.get("attention_mask")
+    attention_mask, plain = _mask_of_plain_call(args, kwargs)
     layer = getattr(self.attention, _LAYER)
-    others = list(args[1:]) + [v for k, v in kwargs.items() if k not in ("attention_mask", "output_attentions")]
+    if (not plain or getattr(self, "chunk_size_feed_forward", 0) or not layer._skips_padding
+            or hidden_states.device.type != "cpu"):
+        return _own_forward(self, hidden_states, *args, **kwargs)
     keys, bias = _masks(layer, hidden_states, attention_mask)
     from . import _right_padded
-    if (any(v is not None and v is not False for v in others) or getattr(self, "chunk_size_feed_forward", 0)
-            or bias is not None or keys is None or not layer._skips_padding or hidden_states.device.type != "cpu"
-            or not _right_padded(keys)):
+    if bias is not None or keys is None or not _right_padded(keys):
         return _own_forward(self, hidden_states, *args, **kwargs)
     real = keys.bool() if keys.dtype != torch.bool else keys
     lengths = real.sum(1, dtype=torch.int32)
@@ -116,9 +124,8 @@ def _fused_layer_forward(self, hidden_states, *args, **kwargs):
 
 
 def _fused_forward(self, hidden_states, *args, **kwargs):
-    attention_mask = args[0] if args else kwargs.get("attention_mask")
-    others = list(args[1:]) + [v for k, v in kwargs.items() if k not in ("attention_mask", "output_attentions")]
-    if any(v is not None and v is not False for v in others):  # encoder states, a cache: its own forward
+    attention_mask, plain = _mask_of_plain_call(args, kwargs)
+    if not plain:  # encoder states, a cache: its own forward
         return _own_forward(self, hidden_states, *args, **kwargs)
     layer = getattr(self, _LAYER)
     keys, bias = _masks(layer, hidden_states, attention_mask)
