@@ -158,17 +158,18 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     if (query_end.defined()) key_limit = min(key_limit, (query_end(b) - qb * Q) * s_k);
 
     f.keys = Func{"keys"};
-    f.keys(j, e, h, b) = k_heads(e, h, last(j, s_k), b);
+    f.keys(j, e, h, b) = k_heads(last(e, head_dim), h, last(j, s_k), b);
     f.values = Func{"values"};
     f.values(e, j, h, b) = v_heads(last(e, head_dim), h, last(j, s_k), b);
 
     // Within a key block, whole chunks up to key_limit. The predicate names only the chunk,
     // so that Halide turns it into the bound of the loop over chunks (a vectorized lane in
     // the predicate would keep the loop whole); keys of the last chunk past key_limit are
-    // excluded by `kept`.
+    // excluded by `kept`. A block of one chunk needs no predicate: the loop over key blocks
+    // stops at key_limit already (and an unrolled loop would test it at every key).
     f.key_in_block = RDom({{0, C}, {0, blocking.chunks()}}, "key_in_block");
     const RVar &lane = f.key_in_block.x, &chunk = f.key_in_block.y;
-    f.key_in_block.where(kb * K + chunk * C < key_limit);
+    if (blocking.chunks() > 1) f.key_in_block.where(kb * K + chunk * C < key_limit);
     Expr query = qb * Q + qi, key = kb * K + chunk * C + lane;
     // Whether each key of the batch is real, for whole blocks (false past s_k): the core
     // reads it without clamping the key.
@@ -222,10 +223,12 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     f.running(e, qi, qb, h, b) = Tuple(now[0] * keep_old + f.block_context(e, qi, qb, block, h, b) * keep_block,
                                        new_max, now[2] * keep_old + f.block_sum(qi, qb, block, h, b) * keep_block);
 
-    f.ctx = Func{"ctx"};
-    FuncRef done = f.running(e, i % Q, i / Q, h, b);
+    f.block_result = Func{"block_result"};
+    FuncRef done = f.running(e, qi, qb, h, b);
     // A row with no key kept sums to 0 and gets zeros; a NaN sum still propagates.
-    f.ctx(e, h, i, b) = select(done[2] == 0.0f, 0.0f, done[0] / done[2]);
+    f.block_result(e, qi, qb, h, b) = select(done[2] == 0.0f, 0.0f, done[0] / done[2]);
+    f.ctx = Func{"ctx"};
+    f.ctx(e, h, i, b) = f.block_result(e, i % Q, i / Q, h, b);
     return f;
 }
 

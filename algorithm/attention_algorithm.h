@@ -143,7 +143,8 @@ struct FlashAttention {
     Halide::Func block_max, block_sum;
     Halide::Func block_context;  // (head_dim, query_in_block, ...): Σ exp · V over the block
     Halide::Func running;        // (head_dim, query_in_block, query_block, head, batch): Tuple(context, max, sum)
-    Halide::Func ctx;            // (head_dim, head, query, batch): context / sum, as WeightedSum's ctx
+    Halide::Func block_result;   // (head_dim, query_in_block, query_block, head, batch): context / sum
+    Halide::Func ctx;            // (head_dim, head, query, batch): block_result by query, as WeightedSum's ctx
     Halide::RDom e;              // the head dimension, for Q·Kᵀ
     Halide::RDom key_in_block;   // (key_in_chunk, key_chunk): the chunks of a block a query block may see
     Halide::RDom key_blocks;     // the key blocks visited
@@ -161,12 +162,12 @@ FlashAttention flash_attention(Halide::Func q_heads, Halide::Func k_heads, Halid
 // query blocks past a sequence's end visit no key, so the padding costs no work beyond
 // the partial blocks. Tokens of different sequences never meet.
 struct PackedSequences {
-    Halide::Func offsets;   // (batch), B + 1 entries
-    Halide::Func length;    // (batch): offsets(b + 1) - offsets(b)
-    Halide::Func key_is_real;  // (key, batch) uint8: key < length(b), the core's key_padding_mask
-    Halide::Func sequence;  // (seq): the sequence of a token row (how many of offsets(1..B-1) are <= it)
+    Halide::Func offsets;       // (batch), B + 1 entries
+    Halide::Func length;        // (batch): offsets(b + 1) - offsets(b)
+    Halide::Func key_is_real;   // (key, batch) uint8: key < length(b), the core's key_padding_mask
+    Halide::Func sequence;      // (seq): the sequence of a token row (how many of offsets(1..B-1) are <= it)
     Halide::RDom later_starts;  // offsets(1..B-1), for `sequence`
-    Halide::Func ctx;       // (head_dim, head, seq, batch of 1): the core's ctx gathered back to token rows
+    Halide::Func ctx;           // (head_dim, head, seq, batch of 1): the core's ctx gathered back to token rows
     Halide::Expr sequences, tokens;
     // offsets(b), read at b clamped to [0, sequences]: a schedule may compute a sequence
     // past the last (a rounded-up split, a vector of sequences), which then reads as
@@ -187,8 +188,8 @@ struct AttentionLayer {
     Scores scores;
     MaskedSoftmax softmax;
     WeightedSum context;
-    Halide::Func key_end;  // the flash core's: last_real_key, or each packed sequence's length
-    FlashAttention flash;  // defined when the probabilities are not an output
+    Halide::Func key_end;    // the flash core's: last_real_key, or each packed sequence's length
+    FlashAttention flash;    // defined when the probabilities are not an output
     PackedSequences packed;  // defined for packed sequences
     OutputLayerNorm output;
 };

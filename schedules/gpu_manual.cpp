@@ -266,84 +266,126 @@ void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm n) {
 
 namespace {
 
-// The flash core (attn_gen::FlashAttention): a GPU block per (query block, head, batch),
-// whose shared memory holds the running (context, max, sum) of its queries. Key blocks
-// one after another: the block's scores (a thread per (key, query), lanes along the keys
-// of a chunk, each reducing its Q·K in registers), their row max and sum (a thread per
-// query), the exponentials, and the weighted sum of V (lanes along the head dimension),
-// all in shared memory, then the running values updated by the thread that owns them.
-// Nothing of size S_q × S_k exists. A block keeps the context of at most
-// kHeadDimPerBlock features, so that its shared memory does not grow with the head
-// dimension: a larger d takes several blocks per (query block, head), each computing the
-// scores again for its share of the features.
-constexpr int kHeadDimPerBlock = 64;
+// The flash core (attn_gen::FlashAttention), FlashAttention's loop with one query per
+// thread: a GPU block per (query block, head, batch), query_block threads, walks the key
+// blocks one after another. For each key block: Q·Kᵀ for its queries, a slice of
+// kFeaturesPerBlock features at a time (the slice's K tile staged in shared memory by the
+// whole block, each thread's partial dot products in registers, added to the block's
+// scores in shared memory); then each thread, in registers, its query's scores, their max,
+// exponentials and sum, and their weighted sum of V (the block's V tile staged in shared
+// memory), folded into its query's running (context, max, sum). The running state stays in
+// shared memory: a few loads and stores per key block against 2·key_block·d FMAs (in
+// registers it would hold the max and sum once per feature, as the algorithm's Tuple
+// does, and spill). Every thread reads the same K and V element at the same time: shared
+// memory broadcasts, in vectors of 4. The shared memory is a constant whatever the head
+// dimension (36 KiB at 32 queries by 32 keys); a head dimension over kFeaturesPerBlock
+// takes several passes over the keys, each computing the scores again for its features.
+// Nothing of size S_q × S_k, memory O(S). Registers: manifest.json's gpu_max_registers.
+constexpr int kFeaturesPerBlock = 64;
 void schedule_flash_core(attn_gen::FlashAttention f) {
-    const Var &e = dims.head_dim, &i = dims.query, &h = dims.head, &b = dims.batch;
-    const Var &qi = dims.query_in_block;
-    const RVar &lane = f.key_in_block.x, &chunk = f.key_in_block.y;
-    Var qb{"qb"}, ii{"ii"}, eb{"eb"}, ei{"ei"}, eh{"eh"}, eo{"eo"}, e_lane{"e_lane"}, ro{"ro"}, rt{"rt"};
-    f.ctx.compute_root()
-        .split(i, qb, ii, f.blocking.query_block, kGuard)
-        .split(e, eb, ei, kHeadDimPerBlock, kGuard)
-        .split(ei, eo, e_lane, kLanes, kGuard)
-        .split(ii, ro, rt, kRowThreads, kGuard)
-        .reorder(eo, ro, e_lane, rt, eb, h, qb, b)
-        .fuse(eb, h, eh)
-        .gpu_blocks(eh, qb, b)
-        .gpu_threads(e_lane, rt);
-    LoopLevel block(f.ctx, eh);
-
-    // (column, row, ...) Funcs in shared memory, lanes along `column`, warps along `row`,
-    // each thread's share of columns and rows serial inside it; for a reduction, the update
-    // too, its reduction innermost. `outer` (an update's RVar) goes outside the threads.
-    auto threads = [](Func func, const Var &column, const Var &row, LoopLevel at, const std::vector<RVar> &outer = {}) {
-        Var co{"co"}, lane{"lane"}, ro{"ro"}, rt{"rt"};
-        func.compute_at(at).store_in(MemoryType::GPUShared);
-        for (int stage = 0; stage <= func.num_update_definitions(); ++stage) {
-            Stage s = stage == 0 ? Stage(func) : func.update(stage - 1);
-            std::vector<VarOrRVar> order;
-            for (const RVar &rvar : stage == 0 ? std::vector<RVar>{} : func.rvars(stage - 1)) {
-                if (std::find_if(outer.begin(), outer.end(), [&](const RVar &o) { return o.name() == rvar.name(); }) ==
-                    outer.end())
-                    order.push_back(rvar);
-            }
-            for (VarOrRVar v : {VarOrRVar(co), VarOrRVar(ro), VarOrRVar(lane), VarOrRVar(rt)}) order.push_back(v);
-            if (stage > 0) order.insert(order.end(), outer.begin(), outer.end());
-            s.split(column, co, lane, kLanes, kGuard)
-                .split(row, ro, rt, kRowThreads, kGuard)
-                .reorder(order)
-                .gpu_threads(lane, rt);
-        }
-    };
-    // (row, ...) row reductions: a thread per row, the rows along warps. The lanes are a
-    // dimension of extent 1, not left out: with a one-dimensional thread loop in this
-    // two-dimensional kernel, the extra threads of the other dimension ran the reduction
-    // too (seen on PoCL: sums 8 times too large), while an explicit extent-1 dimension is
-    // guarded.
-    auto per_row = [](Func func, const Var &row, LoopLevel at) {
-        Var ro{"ro"}, rt{"rt"}, one{"one"}, rq{"rq"};
-        func.compute_at(at).store_in(MemoryType::GPUShared);
-        func.split(row, ro, rt, kRowThreads, kGuard).split(ro, rq, one, 1).reorder(rq, one, rt).gpu_threads(one, rt);
-        std::vector<VarOrRVar> order;
-        for (const RVar &r : func.rvars(0)) order.push_back(r);
-        for (VarOrRVar v : {VarOrRVar(rq), VarOrRVar(one), VarOrRVar(rt)}) order.push_back(v);
-        func.update().split(row, ro, rt, kRowThreads, kGuard).split(ro, rq, one, 1).reorder(order).gpu_threads(one, rt);
-    };
-    threads(f.running, e, qi, block, {f.key_blocks.x});
-    LoopLevel step(f.running, f.key_blocks.x);
-    // The scores and the exponentials: their updates over the chunks visited, a thread per
-    // (key of the chunk, query).
+    const Var &e = dims.head_dim, &h = dims.head, &b = dims.batch;
+    const Var &qi = dims.query_in_block, &kl = dims.key_in_chunk, &kc = dims.key_chunk;
+    const Var &qb = dims.query_block, &kb = dims.key_block;
+    const RVar &lane = f.key_in_block.x, &chunk = f.key_in_block.y, &key_block = f.key_blocks.x;
+    Var eb{"eb"}, ei{"ei"};
+    // The kernel: block_result, the context by query block (ctx reads it by query, inlined
+    // into whatever consumes the context), a thread per query of the block.
+    f.block_result.compute_root()
+        .split(e, eb, ei, kFeaturesPerBlock, kGuard)
+        .reorder(ei, qi, eb, qb, h, b)
+        .gpu_blocks(qb, h, b)
+        .gpu_threads(qi)
+        .unroll(ei);
+    // The running state, whole tiles of features (the algorithm clamps reads past the head
+    // dimension) unrolled so that every index is a constant; the key blocks outside the
+    // threads, each thread updating its query's row.
+    f.running.compute_at(f.block_result, eb)
+        .store_in(MemoryType::GPUShared)
+        .bound_extent(e, kFeaturesPerBlock)
+        .gpu_threads(qi)
+        .unroll(e);
+    f.running.update().reorder(e, qi, key_block).gpu_threads(qi).unroll(e);
+    LoopLevel step(f.running, qi);
+    const int chunks = f.blocking.chunks(), chunk_keys = f.blocking.key_chunk;
+    const Var &j = dims.key;
+    LoopLevel block_step(f.running, key_block);
+    Var lane_outer{"lane_outer"}, thread_lane{"thread_lane"}, vector_lane{"vector_lane"}, slice{"slice"};
+    RVar e_outer{"e_outer"}, e_inner{"e_inner"};
+    // Q·Kᵀ of the key block for the block's queries (in shared memory), a slice of
+    // kFeaturesPerBlock features of the head dimension at a time: each slice's K tile is
+    // staged in shared memory by the whole block, then each thread adds its query's partial
+    // dot products over the slice (in registers: the slice's features outermost, the block's
+    // keys inside, so that each loaded Q value serves every key) to its row. The tiles'
+    // sizes are constants whatever the head dimension: kFeaturesPerBlock features of the
+    // key block's keys.
+    f.dot.compute_at(block_step)
+        .store_in(MemoryType::GPUShared)
+        .bound_extent(kl, chunk_keys)
+        .bound_extent(kc, chunks)
+        .bound_extent(kb, 1)
+        .gpu_threads(qi)
+        .unroll(kl)
+        .unroll(kc);
+    Func slice_dot = f.dot.update().split(f.e.x, e_outer, e_inner, kFeaturesPerBlock, kGuard).rfactor(e_outer, slice);
+    f.dot.update().reorder(kl, kc, qi, e_outer).gpu_threads(qi).unroll(kl).unroll(kc);
+    LoopLevel slice_step(f.dot, e_outer);
+    slice_dot.compute_at(f.dot, qi)
+        .store_in(MemoryType::Register)
+        .bound_extent(kl, chunk_keys)
+        .bound_extent(kc, chunks)
+        .unroll(kl)
+        .unroll(kc);
+    // Vectors of 4 along the tiles' contiguous side (keys of K, features of V): shared
+    // loads of 16 bytes, one per 4 FMAs.
+    slice_dot.update()
+        .reorder(kl, kc, e_inner)
+        .split(kl, kl, vector_lane, 4)
+        .vectorize(vector_lane)
+        .unroll(kl)
+        .unroll(kc);
+    // The K slice and the V tile, staged by the whole block: lanes along the head dimension
+    // where global memory is contiguous for V (coalesced loads, conflict-free stores), along
+    // the keys for K, whose tile keeps keys innermost so that a thread's vector of 4 keys
+    // is one load. One-dimensional, as every thread loop of this kernel: in a
+    // two-dimensional block, Halide 21 runs a one-dimensional loop on every row of threads.
+    Func keys = f.keys.in(slice_dot), values = f.values.in(f.block_context);
+    keys.compute_at(slice_step).store_in(MemoryType::GPUShared).bound_extent(e, kFeaturesPerBlock);
+    keys.split(j, lane_outer, thread_lane, kLanes, kGuard).reorder(thread_lane, e, lane_outer).gpu_threads(thread_lane);
+    values.compute_at(block_step).store_in(MemoryType::GPUShared);
+    values.split(e, lane_outer, thread_lane, kLanes, kGuard)
+        .reorder(thread_lane, lane_outer, j)
+        .gpu_threads(thread_lane);
+    // Then one key block of one query, in registers: scores, max, exponentials, sum and the
+    // weighted sum of V, whole tiles (their extents stated: the chunks visited depend on the
+    // data), the chunks past the last key visited left uncomputed.
     for (Func tile : {f.scores, f.block_exp}) {
-        tile.compute_at(step).store_in(MemoryType::GPUShared);
-        tile.update().split(qi, ro, rt, kRowThreads, kGuard).reorder(lane, rt, ro, chunk).gpu_threads(lane, rt);
+        tile.compute_at(step)
+            .store_in(MemoryType::Register)
+            .bound_extent(kl, chunk_keys)
+            .bound_extent(kc, chunks)
+            .bound_extent(kb, 1)
+            .bound_extent(qi, 1)
+            .unroll(kl)
+            .unroll(kc);
     }
-    // One score per thread, in a register: its extents are stated, as bounds inference
-    // cannot prove them constant when the core reads packed sequences (data-dependent rows).
-    f.dot.compute_at(f.scores, lane).store_in(MemoryType::Register);
-    for (const Var &v : f.dot.args()) f.dot.bound_extent(v, 1);
-    per_row(f.block_max, qi, step);
-    per_row(f.block_sum, qi, step);
-    threads(f.block_context, e, qi, step);
+    for (Func tile : {f.scores, f.block_exp}) tile.update().unroll(lane).unroll(chunk);
+    for (Func row : {f.block_max, f.block_sum}) {
+        row.compute_at(step).store_in(MemoryType::Register).bound_extent(kb, 1).bound_extent(qi, 1);
+        row.update().unroll(lane).unroll(chunk);
+    }
+    f.block_context.compute_at(step)
+        .store_in(MemoryType::Register)
+        .bound_extent(e, kFeaturesPerBlock)
+        .bound_extent(kb, 1)
+        .bound_extent(qi, 1)
+        .unroll(e);
+    f.block_context.update()
+        .reorder(e, lane, chunk)
+        .split(e, e, vector_lane, 4)
+        .vectorize(vector_lane)
+        .unroll(e)
+        .unroll(lane)
+        .unroll(chunk);
 }
 
 // Each batch's last real key: a block per batch, one thread scanning its mask.
@@ -372,8 +414,9 @@ void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_out
         Var so{"so"}, si{"si"}, feature{"feature"}, fo{"fo"}, fi{"fi"};
         l.packed.sequence.compute_root().gpu_tile(s, so, si, kLanes, kGuard);
         l.packed.sequence.update().gpu_tile(s, so, si, kLanes, kGuard);
-        l.packed.ctx.compute_root().fuse(e, h, feature).gpu_tile(feature, s, fo, so, fi, si, kLanes, kRowThreads,
-                                                                  kGuard);
+        l.packed.ctx.compute_root()
+            .fuse(e, h, feature)
+            .gpu_tile(feature, s, fo, so, fi, si, kLanes, kRowThreads, kGuard);
     }
     schedule_output_layernorm_gpu(l.output);
 }

@@ -13,12 +13,12 @@
 //   lanes per row, each lane reducing a strided slice (coalesced reads), the 32 partials
 //   combined in shared memory.
 // - The fused layer's attention core is the algorithm's flash core (one pass over the
-//   keys with an online softmax, attn_gen::FlashAttention): a block per query block and
-//   head, its running state and each key block's scores and exponentials in shared
-//   memory, so no S×S buffer exists in global memory and memory stays O(S).
+//   keys with an online softmax, attn_gen::FlashAttention), one query per thread: its
+//   scores, exponentials and weighted sum of V in registers, K and V tiles staged in shared
+//   memory per key block, its running state in shared memory; no S×S buffer, memory O(S).
 //
-// Checked against the reference on an H100 (tools/gpu_machine.sh test) and, in CI, on
-// OpenCL (PoCL). Every kernel fits the shared memory of a block (manifest.json:
+// Checked against the reference in CI on OpenCL (PoCL), and on an NVIDIA GPU by
+// tools/gpu_machine.sh test when one is lent (the flash core above has not met one yet). Every kernel fits the shared memory of a block (manifest.json:
 // gpu_shared_memory_per_block), checked at build time where Halide bounds it and by the
 // tests' OpenCL device at run time (README, "Shared memory").
 #pragma once

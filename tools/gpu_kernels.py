@@ -424,7 +424,9 @@ def work_rows(bench, cuda_variants):
 def markdown(doc):
     out = ["# CUDA kernels, judged without a GPU", "",
            f"Written by `{doc['command']}` on {doc['date']}; never edit it by hand. PTX from the build's AOT "
-           f"objects, assembled by ptxas for {doc['gpu_name']} ({doc['ptxas']}).", "",
+           f"objects, assembled by ptxas for {doc['gpu_name']} ({doc['ptxas']}) with at most "
+           f"{doc['max_registers']} registers a thread (`--maxrregcount`: the cap the runtime gives CUDA's JIT, "
+           "manifest.json: gpu_max_registers).", "",
            "Per kernel: registers per thread; spill stores/loads (bytes per thread); static shared memory "
            "(ptxas) and dynamic shared memory per block (Halide's launch in the lowered stmt: a constant, "
            "`≤` an upper bound its lets prove, `symbolic` where they prove none); threads per block (the "
@@ -502,7 +504,9 @@ def main():
                         help="only the hand-written and tuned CUDA variants: exit 1 when one spills or is over "
                              "the shared memory limit; no table")
     parser.add_argument("--ptx", help="one PTX file instead of the build (with --check: its kernels judged)")
-    parser.add_argument("--max-registers", type=int, help="ptxas --maxrregcount (to see where spills start)")
+    parser.add_argument("--max-registers", type=int,
+                        help="ptxas --maxrregcount (default manifest.json's gpu_max_registers, the cap the runtime "
+                             "gives the CUDA JIT; lower it to see where spills start)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="generators run at once")
     parser.add_argument("--cache", help="a folder keeping each object's figures, keyed by its bytes")
     args = parser.parse_args()
@@ -513,6 +517,9 @@ def main():
         return SKIP
     m = manifest_lib.load()
     limit = m.data["gpu_shared_memory_per_block"]["bytes"]
+    runtime_cap = m.data["gpu_max_registers"]["count"]
+    if args.max_registers is None:
+        args.max_registers = runtime_cap
 
     if args.ptx:
         path = pathlib.Path(args.ptx)
@@ -591,9 +598,10 @@ def main():
     bench = pathlib.Path(args.bench) if args.bench else build / "bench" / "attn_bench"
     cuda_variants = {f"{s}_{i}" for s, i in m.variants() if m.isas[i]["device"] == "cuda"}
     command = "python3 tools/gpu_kernels.py --build " + os.path.relpath(build, ROOT)
-    if args.gpu_name != "sm_90" or args.max_registers:
+    if args.gpu_name != "sm_90" or args.max_registers != runtime_cap:
         command += f" --gpu-name {args.gpu_name}" + (f" --max-registers {args.max_registers}" if args.max_registers else "")
     doc = {"command": command, "date": datetime.date.today().isoformat(), "gpu_name": args.gpu_name, "ptxas": version,
+           "max_registers": args.max_registers,
            "shared_limit": limit, "peak_flops": PEAK_FLOPS, "peak_bytes_per_s": PEAK_BYTES_PER_S,
            "kernels": rows, "work": work_rows(bench, cuda_variants)}
     out = pathlib.Path(args.out)

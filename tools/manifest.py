@@ -369,6 +369,8 @@ inline constexpr ShapeClass kShapeClasses[] = {{
 
 // The shared memory a GPU kernel's block may use (manifest.json: gpu_shared_memory_per_block).
 inline constexpr int kGpuSharedMemoryPerBlock = {shared_memory};
+// The registers a CUDA kernel's thread may use (manifest.json: gpu_max_registers).
+inline constexpr int kGpuMaxRegisters = {max_registers};
 
 // The hand-written schedule's parameters: each one's one home (tools/autotune.py searches them).
 struct ManualParameter {{
@@ -437,7 +439,8 @@ def emit_header(m, path, arch):
     text = HEADER.format(functions=rows(functions), isas=rows(isas), sources=rows(sources),
                          dimensions=", ".join(_c(d) for d in MIN_SHAPE_DIMENSIONS), min_shapes=rows(min_shapes),
                          not_provided=rows(not_provided), classes=rows(classes),
-                         shared_memory=m.data["gpu_shared_memory_per_block"]["bytes"], parameters=rows(parameters),
+                         shared_memory=m.data["gpu_shared_memory_per_block"]["bytes"],
+                         max_registers=m.data["gpu_max_registers"]["count"], parameters=rows(parameters),
                          generator_params=rows(generator_params),
                          features="".join(f" X({_c(f)})" for f in features))
     _write_if_changed(path, text)

@@ -1,5 +1,9 @@
 #include "pipeline_call.h"
 
+#include <cstdlib>
+#include <string>
+
+#include "attn/generated/manifest.h"
 #include "validation.h"
 
 namespace attn::pipeline {
@@ -63,6 +67,14 @@ void prepare_halide(const VariantInfo &variant) {
         // Keep freed device buffers for the next call instead of returning them to the driver.
         static const bool reuse = (halide_reuse_device_allocations(nullptr, true), true);
         (void)reuse;
+    }
+    if (variant.device == "cuda") {
+        // Halide's CUDA runtime JIT-compiles each module's PTX at its first launch, capped at 64
+        // registers a thread unless HL_CUDA_JIT_MAX_REGISTERS says otherwise: the cap the
+        // kernels were checked for (manifest.json: gpu_max_registers), unless the caller set one.
+        static const bool capped =
+            (setenv("HL_CUDA_JIT_MAX_REGISTERS", std::to_string(manifest::kGpuMaxRegisters).c_str(), 0), true);
+        (void)capped;
     }
     last_halide_error.clear();
 }

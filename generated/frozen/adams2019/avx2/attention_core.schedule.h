@@ -18,8 +18,9 @@ inline void apply_schedule_attn_attention_core_adams2019_avx2(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func context = pipeline.get_func(20);
-    Func ctx_1 = pipeline.get_func(19);
+    Func context = pipeline.get_func(21);
+    Func ctx_1 = pipeline.get_func(20);
+    Func block_result = pipeline.get_func(19);
     Func running = pipeline.get_func(18);
     Func block_sum = pipeline.get_func(17);
     Func block_context = pipeline.get_func(16);

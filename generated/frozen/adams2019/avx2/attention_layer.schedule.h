@@ -18,15 +18,16 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx2(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(46);
-    Func variance = pipeline.get_func(45);
-    Func sum_sq_dev = pipeline.get_func(44);
-    Func mean = pipeline.get_func(43);
-    Func sum = pipeline.get_func(42);
-    Func dense = pipeline.get_func(40);
-    Func projection = pipeline.get_func(39);
-    Func w_o_t = pipeline.get_func(38);
-    Func ctx = pipeline.get_func(36);
+    Func y_1 = pipeline.get_func(47);
+    Func variance = pipeline.get_func(46);
+    Func sum_sq_dev = pipeline.get_func(45);
+    Func mean = pipeline.get_func(44);
+    Func sum = pipeline.get_func(43);
+    Func dense = pipeline.get_func(41);
+    Func projection = pipeline.get_func(40);
+    Func w_o_t = pipeline.get_func(39);
+    Func ctx = pipeline.get_func(37);
+    Func block_result = pipeline.get_func(36);
     Func running = pipeline.get_func(35);
     Func block_sum = pipeline.get_func(34);
     Func block_context = pipeline.get_func(33);
@@ -74,14 +75,15 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx2(
     Var query_block(running.get_schedule().dims()[2].var);
     Var query_in_block(running.get_schedule().dims()[1].var);
     Var query_in_blocki("query_in_blocki");
-    Var query_in_blockii("query_in_blockii");
     Var seq(y_1.get_schedule().dims()[1].var);
     Var seqi("seqi");
     Var seqii("seqii");
+    Var seqiii("seqiii");
     RVar all_keys_x(key_end.update(0).get_schedule().dims()[0].var);
     RVar e_x(dot.update(0).get_schedule().dims()[0].var);
     RVar in_feature_x(projection.update(0).get_schedule().dims()[0].var);
     RVar in_feature_xi("in_feature$xi");
+    RVar in_feature_xii("in_feature$xii");
     RVar in_feature_y(projection.update(0).get_schedule().dims()[1].var);
     RVar k_k_x(k_product.update(0).get_schedule().dims()[0].var);
     RVar k_row_x(k.update(0).get_schedule().dims()[0].var);
@@ -143,12 +145,14 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx2(
         .reorder({hiddeni, hidden, seqi, seq, batch})
         .parallel(seq);
     projection.update(0)
-        .split(seq, seq, seqi, 32, TailStrategy::RoundUp)
+        .split(seq, seq, seqi, 64, TailStrategy::RoundUp)
+        .split(seqi, seqi, seqii, 32, TailStrategy::GuardWithIf)
         .split(in_feature_x, in_feature_x, in_feature_xi, 8, TailStrategy::GuardWithIf)
-        .split(seqi, seqi, seqii, 4, TailStrategy::GuardWithIf)
+        .split(in_feature_xi, in_feature_xi, in_feature_xii, 4, TailStrategy::GuardWithIf)
+        .split(seqii, seqii, seqiii, 4, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .reorder({hiddeni, hidden, seqii, in_feature_xi, seqi, in_feature_x, in_feature_y, seq, batch})
+        .reorder({hiddeni, hidden, seqiii, in_feature_xii, in_feature_xi, seqii, in_feature_x, in_feature_y, seqi, seq, batch})
         .parallel(seq);
     w_o_t
         .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
@@ -161,33 +165,28 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx2(
         .store_in(MemoryType::Stack)
         .split(head_dim, head_dim, head_dimi, 8, TailStrategy::RoundUp)
         .vectorize(head_dimi)
-        .compute_at(projection, in_feature_xi)
-        .store_at(projection, seqi)
+        .compute_at(projection, in_feature_xii)
+        .store_at(projection, in_feature_xi)
         .reorder({head_dimi, head_dim, head, query, batch});
     running
         .store_in(MemoryType::Stack)
-        .split(query_in_block, query_in_block, query_in_blocki, 8, TailStrategy::RoundUp)
-        .vectorize(query_in_blocki)
+        .split(head_dim, head_dim, head_dimi, 8, TailStrategy::RoundUp)
+        .vectorize(head_dimi)
         .compute_at(projection, in_feature_x)
-        .reorder({query_in_blocki, query_in_block, head_dim, query_block, head, batch})
-        .reorder_storage(query_in_block, head_dim, query_block, head, batch);
+        .reorder({head_dimi, head_dim, query_in_block, query_block, head, batch});
     running.update(0)
+        .split(head_dim, head_dim, head_dimi, 8, TailStrategy::RoundUp)
+        .vectorize(head_dimi)
+        .reorder({head_dimi, key_blocks_x, head_dim, query_in_block, query_block, head, batch});
+    block_sum
         .split(query_in_block, query_in_block, query_in_blocki, 8, TailStrategy::RoundUp)
         .vectorize(query_in_blocki)
-        .reorder({query_in_blocki, key_blocks_x, query_in_block, head_dim, query_block, head, batch});
-    block_sum
-        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::RoundUp)
-        .split(query_in_blocki, query_in_blocki, query_in_blockii, 8, TailStrategy::RoundUp)
-        .vectorize(query_in_blockii)
-        .compute_root()
-        .reorder({query_in_blockii, query_in_blocki, query_block, head, query_in_block, key_block, batch})
-        .parallel(query_in_block);
+        .compute_at(projection, seq)
+        .reorder({query_in_blocki, query_in_block, query_block, key_block, head, batch});
     block_sum.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 32, TailStrategy::RoundUp)
-        .split(query_in_blocki, query_in_blocki, query_in_blockii, 8, TailStrategy::GuardWithIf)
-        .vectorize(query_in_blockii)
-        .reorder({query_in_blockii, key_in_block_x, key_in_block_y, query_in_blocki, query_block, head, query_in_block, key_block, batch})
-        .parallel(query_in_block);
+        .split(query_in_block, query_in_block, query_in_blocki, 8, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, query_block, key_block, head, batch});
     block_context
         .split(query_in_block, query_in_block, query_in_blocki, 8, TailStrategy::RoundUp)
         .vectorize(query_in_blocki)

@@ -18,17 +18,18 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx2(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(50);
-    Func variance = pipeline.get_func(49);
-    Func sum_sq_dev = pipeline.get_func(48);
-    Func mean = pipeline.get_func(47);
-    Func sum = pipeline.get_func(46);
-    Func dense = pipeline.get_func(44);
-    Func projection = pipeline.get_func(43);
-    Func w_o_t = pipeline.get_func(42);
-    Func packed_ctx = pipeline.get_func(40);
-    Func token_sequence = pipeline.get_func(39);
-    Func ctx = pipeline.get_func(38);
+    Func y_1 = pipeline.get_func(51);
+    Func variance = pipeline.get_func(50);
+    Func sum_sq_dev = pipeline.get_func(49);
+    Func mean = pipeline.get_func(48);
+    Func sum = pipeline.get_func(47);
+    Func dense = pipeline.get_func(45);
+    Func projection = pipeline.get_func(44);
+    Func w_o_t = pipeline.get_func(43);
+    Func packed_ctx = pipeline.get_func(41);
+    Func token_sequence = pipeline.get_func(40);
+    Func ctx = pipeline.get_func(39);
+    Func block_result = pipeline.get_func(38);
     Func running = pipeline.get_func(37);
     Func block_sum = pipeline.get_func(36);
     Func block_context = pipeline.get_func(35);
@@ -75,8 +76,8 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx2(
     Var keyi("keyi");
     Var keyii("keyii");
     Var query(ctx.get_schedule().dims()[2].var);
-    Var query_block(running.get_schedule().dims()[2].var);
-    Var query_in_block(running.get_schedule().dims()[1].var);
+    Var query_block(block_result.get_schedule().dims()[2].var);
+    Var query_in_block(block_result.get_schedule().dims()[1].var);
     Var query_in_blocki("query_in_blocki");
     Var queryi("queryi");
     Var queryii("queryii");
@@ -182,6 +183,13 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx2(
         .compute_at(packed_ctx, head_dim)
         .reorder({queryii, queryi, query, head_dim, head, batch})
         .reorder_storage(query, head_dim, head, batch);
+    block_result
+        .store_in(MemoryType::Stack)
+        .split(query_in_block, query_in_block, query_in_blocki, 8, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .compute_at(ctx, query)
+        .reorder({query_in_blocki, query_in_block, head_dim, query_block, head, batch})
+        .reorder_storage(query_in_block, head_dim, query_block, head, batch);
     running
         .store_in(MemoryType::Stack)
         .split(query_in_block, query_in_block, query_in_blocki, 8, TailStrategy::RoundUp)

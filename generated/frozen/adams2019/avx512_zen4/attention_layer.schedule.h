@@ -18,15 +18,16 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx512_zen4(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(46);
-    Func variance = pipeline.get_func(45);
-    Func sum_sq_dev = pipeline.get_func(44);
-    Func mean = pipeline.get_func(43);
-    Func sum = pipeline.get_func(42);
-    Func dense = pipeline.get_func(40);
-    Func projection = pipeline.get_func(39);
-    Func w_o_t = pipeline.get_func(38);
-    Func ctx = pipeline.get_func(36);
+    Func y_1 = pipeline.get_func(47);
+    Func variance = pipeline.get_func(46);
+    Func sum_sq_dev = pipeline.get_func(45);
+    Func mean = pipeline.get_func(44);
+    Func sum = pipeline.get_func(43);
+    Func dense = pipeline.get_func(41);
+    Func projection = pipeline.get_func(40);
+    Func w_o_t = pipeline.get_func(39);
+    Func ctx = pipeline.get_func(37);
+    Func block_result = pipeline.get_func(36);
     Func running = pipeline.get_func(35);
     Func block_sum = pipeline.get_func(34);
     Func block_context = pipeline.get_func(33);
@@ -70,10 +71,11 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx512_zen4(
     Var keyi("keyi");
     Var keyii("keyii");
     Var query(ctx.get_schedule().dims()[2].var);
-    Var query_block(running.get_schedule().dims()[2].var);
-    Var query_in_block(running.get_schedule().dims()[1].var);
+    Var query_block(block_result.get_schedule().dims()[2].var);
+    Var query_in_block(block_result.get_schedule().dims()[1].var);
     Var query_in_blocki("query_in_blocki");
     Var query_in_blockii("query_in_blockii");
+    Var queryi("queryi");
     Var seq(y_1.get_schedule().dims()[1].var);
     Var seqi("seqi");
     Var seqii("seqii");
@@ -82,6 +84,7 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx512_zen4(
     RVar in_feature_x(projection.update(0).get_schedule().dims()[0].var);
     RVar in_feature_xi("in_feature$xi");
     RVar in_feature_y(projection.update(0).get_schedule().dims()[1].var);
+    RVar in_feature_yi("in_feature$yi");
     RVar k_k_x(k_product.update(0).get_schedule().dims()[0].var);
     RVar k_row_x(k.update(0).get_schedule().dims()[0].var);
     RVar key_blocks_x(running.update(0).get_schedule().dims()[0].var);
@@ -145,10 +148,11 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx512_zen4(
     projection.update(0)
         .split(seq, seq, seqi, 64, TailStrategy::RoundUp)
         .split(seqi, seqi, seqii, 16, TailStrategy::GuardWithIf)
-        .split(in_feature_x, in_feature_x, in_feature_xi, 16, TailStrategy::GuardWithIf)
+        .split(in_feature_x, in_feature_x, in_feature_xi, 32, TailStrategy::GuardWithIf)
+        .split(in_feature_y, in_feature_y, in_feature_yi, 2, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .reorder({hiddeni, seqii, in_feature_xi, hidden, in_feature_x, in_feature_y, seqi, seq, batch})
+        .reorder({hiddeni, seqii, hidden, in_feature_xi, in_feature_yi, in_feature_x, in_feature_y, seqi, seq, batch})
         .parallel(seq);
     w_o_t
         .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
@@ -159,21 +163,32 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx512_zen4(
         .parallel(in_feature);
     ctx
         .store_in(MemoryType::Stack)
-        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
-        .vectorize(head_dimi)
-        .compute_at(projection, in_feature_xi)
+        .split(query, query, queryi, 16, TailStrategy::RoundUp)
+        .vectorize(queryi)
+        .compute_at(projection, hidden)
+        .store_at(projection, in_feature_xi)
+        .reorder({queryi, query, head_dim, head, batch})
+        .reorder_storage(query, head_dim, head, batch);
+    block_result
+        .store_in(MemoryType::Stack)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .unroll(query_in_block)
+        .vectorize(query_in_blocki)
+        .compute_at(projection, in_feature_yi)
         .store_at(projection, in_feature_x)
-        .reorder({head_dimi, head_dim, head, query, batch});
+        .reorder({query_in_blocki, query_in_block, head_dim, query_block, head, batch})
+        .reorder_storage(query_in_block, head_dim, query_block, head, batch);
     running
         .store_in(MemoryType::Stack)
-        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
-        .vectorize(head_dimi)
-        .compute_at(projection, in_feature_x)
-        .reorder({head_dimi, head_dim, query_in_block, query_block, head, batch});
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .compute_at(block_result, head_dim)
+        .reorder({query_in_blocki, query_in_block, head_dim, query_block, head, batch})
+        .reorder_storage(query_in_block, head_dim, query_block, head, batch);
     running.update(0)
-        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
-        .vectorize(head_dimi)
-        .reorder({head_dimi, key_blocks_x, head_dim, query_in_block, query_block, head, batch});
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, key_blocks_x, query_in_block, head_dim, query_block, head, batch});
     block_sum
         .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
         .vectorize(query_in_blocki)
@@ -184,32 +199,35 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx512_zen4(
         .vectorize(query_in_blocki)
         .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, query_block, key_block, head, batch});
     block_context
-        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
-        .vectorize(head_dimi)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
         .compute_root()
-        .reorder({head_dimi, head_dim, query_in_block, query_block, key_block, head, batch})
+        .reorder({query_in_blocki, query_in_block, head_dim, query_block, key_block, head, batch})
         .fuse(query_block, head, query_block)
-        .parallel(query_block);
+        .parallel(query_block)
+        .reorder_storage(query_in_block, head_dim, query_block, key_block, head, batch);
     block_context.update(0)
-        .split(head_dim, head_dim, head_dimi, 32, TailStrategy::GuardWithIf)
-        .split(key_in_block_x, key_in_block_x, key_in_block_xi, 4, TailStrategy::GuardWithIf)
-        .split(head_dimi, head_dimi, head_dimii, 16, TailStrategy::GuardWithIf)
-        .vectorize(head_dimii)
-        .reorder({head_dimii, key_in_block_xi, query_in_block, key_in_block_x, head_dimi, key_in_block_y, head_dim, query_block, key_block, head, batch})
+        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::GuardWithIf)
+        .split(head_dimi, head_dimi, head_dimii, 2, TailStrategy::GuardWithIf)
+        .split(key_in_block_x, key_in_block_x, key_in_block_xi, 16, TailStrategy::GuardWithIf)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, key_in_block_xi, head_dimii, query_in_block, key_in_block_x, head_dimi, key_in_block_y, head_dim, query_block, key_block, head, batch})
         .fuse(query_block, head, query_block)
         .parallel(query_block);
     values
         .store_in(MemoryType::Stack)
-        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
-        .vectorize(head_dimi)
+        .split(key, key, keyi, 16, TailStrategy::RoundUp)
+        .vectorize(keyi)
         .compute_at(block_context, query_in_block)
         .store_at(block_context, key_in_block_x)
-        .reorder({head_dimi, head_dim, key, head, batch});
+        .reorder({keyi, key, head_dim, head, batch})
+        .reorder_storage(key, head_dim, head, batch);
     v_heads
         .store_in(MemoryType::Stack)
         .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
         .vectorize(head_dimi)
-        .compute_at(block_context, key_in_block_x)
+        .compute_at(block_context, head_dimi)
         .store_at(block_context, key_in_block_y)
         .reorder({head_dimi, head_dim, head, seq, batch});
     v

@@ -18,17 +18,18 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx512_zen4(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(50);
-    Func variance = pipeline.get_func(49);
-    Func sum_sq_dev = pipeline.get_func(48);
-    Func mean = pipeline.get_func(47);
-    Func sum = pipeline.get_func(46);
-    Func dense = pipeline.get_func(44);
-    Func projection = pipeline.get_func(43);
-    Func w_o_t = pipeline.get_func(42);
-    Func packed_ctx = pipeline.get_func(40);
-    Func token_sequence = pipeline.get_func(39);
-    Func ctx = pipeline.get_func(38);
+    Func y_1 = pipeline.get_func(51);
+    Func variance = pipeline.get_func(50);
+    Func sum_sq_dev = pipeline.get_func(49);
+    Func mean = pipeline.get_func(48);
+    Func sum = pipeline.get_func(47);
+    Func dense = pipeline.get_func(45);
+    Func projection = pipeline.get_func(44);
+    Func w_o_t = pipeline.get_func(43);
+    Func packed_ctx = pipeline.get_func(41);
+    Func token_sequence = pipeline.get_func(40);
+    Func ctx = pipeline.get_func(39);
+    Func block_result = pipeline.get_func(38);
     Func running = pipeline.get_func(37);
     Func block_sum = pipeline.get_func(36);
     Func block_context = pipeline.get_func(35);
@@ -72,15 +73,18 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx512_zen4(
     Var key_in_chunk(block_exp.get_schedule().dims()[0].var);
     Var key_in_chunki("key_in_chunki");
     Var keyi("keyi");
+    Var keyii("keyii");
     Var query_block(running.get_schedule().dims()[2].var);
     Var query_in_block(running.get_schedule().dims()[1].var);
     Var query_in_blocki("query_in_blocki");
     Var seq(y_1.get_schedule().dims()[1].var);
     Var seqi("seqi");
     RVar e_x(dot.update(0).get_schedule().dims()[0].var);
+    RVar e_xi("e$xi");
     RVar in_feature_x(projection.update(0).get_schedule().dims()[0].var);
     RVar in_feature_xi("in_feature$xi");
     RVar in_feature_y(projection.update(0).get_schedule().dims()[1].var);
+    RVar in_feature_yi("in_feature$yi");
     RVar k_k_x(k_product.update(0).get_schedule().dims()[0].var);
     RVar key_blocks_x(running.update(0).get_schedule().dims()[0].var);
     RVar key_in_block_x(block_sum.update(0).get_schedule().dims()[0].var);
@@ -132,9 +136,10 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx512_zen4(
         .reorder({hiddeni, hidden, seq, batch});
     projection.update(0)
         .split(in_feature_x, in_feature_x, in_feature_xi, 32, TailStrategy::GuardWithIf)
+        .split(in_feature_y, in_feature_y, in_feature_yi, 4, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
-        .reorder({hiddeni, in_feature_xi, hidden, in_feature_y, seq, in_feature_x, batch});
+        .reorder({hiddeni, in_feature_xi, hidden, in_feature_yi, seq, in_feature_x, in_feature_y, batch});
     w_o_t
         .split(in_feature, in_feature, in_featurei, 12, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
@@ -146,7 +151,7 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx512_zen4(
         .store_in(MemoryType::Stack)
         .split(head_dim, head_dim, head_dimi, 16, TailStrategy::ShiftInwards)
         .vectorize(head_dimi)
-        .compute_at(projection, in_feature_y)
+        .compute_at(projection, in_feature_yi)
         .store_at(projection, in_feature_x)
         .reorder({head_dimi, head_dim, head, seq, batch});
     token_sequence
@@ -199,25 +204,25 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx512_zen4(
         .reorder({query_in_blocki, query_in_block, head_dim, query_block, key_block, head, batch})
         .reorder_storage(query_in_block, head_dim, query_block, key_block, head, batch);
     block_context.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
         .unroll(query_in_block)
         .vectorize(query_in_blocki)
         .reorder({query_in_blocki, query_in_block, key_in_block_x, key_in_block_y, head_dim, query_block, key_block, head, batch});
     values
         .store_in(MemoryType::Stack)
-        .split(key, key, keyi, 16, TailStrategy::RoundUp)
-        .vectorize(keyi)
+        .split(key, key, keyi, 144, TailStrategy::ShiftInwards)
+        .split(keyi, keyi, keyii, 16, TailStrategy::ShiftInwards)
+        .unroll(keyi)
+        .vectorize(keyii)
         .compute_at(block_context, head_dim)
-        .reorder({keyi, key, head_dim, head, batch})
+        .reorder({keyii, keyi, key, head_dim, head, batch})
         .reorder_storage(key, head_dim, head, batch);
     v_by_sequence
         .store_in(MemoryType::Stack)
-        .split(seq, seq, seqi, 16, TailStrategy::ShiftInwards)
-        .vectorize(seqi)
-        .compute_at(running, query_block)
-        .store_at(running, headi)
-        .reorder({seqi, seq, head_dim, head, batch})
-        .reorder_storage(seq, head_dim, head, batch);
+        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::GuardWithIf)
+        .vectorize(head_dimi)
+        .compute_at(values, key)
+        .reorder({head_dimi, head_dim, head, seq, batch});
     v_product
         .split(seq, seq, seqi, 16, TailStrategy::RoundUp)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::RoundUp)
@@ -281,30 +286,18 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx512_zen4(
         .compute_at(block_scores, key_in_block_y)
         .reorder({key_in_chunki, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch});
     dot.update(0)
+        .split(e_x, e_x, e_xi, 32, TailStrategy::GuardWithIf)
         .split(key_in_chunk, key_in_chunk, key_in_chunki, 16, TailStrategy::RoundUp)
+        .unroll(key_in_chunk)
         .vectorize(key_in_chunki)
-        .reorder({key_in_chunki, e_x, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch});
+        .reorder({key_in_chunki, key_in_chunk, e_xi, query_in_block, query_block, e_x, key_chunk, key_block, head, batch});
     q_by_sequence
         .store_in(MemoryType::Stack)
         .split(head_dim, head_dim, head_dimi, 16, TailStrategy::ShiftInwards)
         .vectorize(head_dimi)
-        .compute_at(block_scores, key_in_block_y)
+        .compute_at(block_scores, batch)
         .store_at(block_scores, key_block)
         .reorder({head_dimi, head_dim, head, seq, batch});
-    q_heads
-        .split(seq, seq, seqi, 16, TailStrategy::ShiftInwards)
-        .vectorize(seqi)
-        .compute_at(block_scores, key_block)
-        .store_at(running, key_blocks_x)
-        .reorder({seqi, seq, head_dim, head, batch})
-        .reorder_storage(seq, head_dim, head, batch);
-    q
-        .store_in(MemoryType::Stack)
-        .split(seq, seq, seqi, 16, TailStrategy::ShiftInwards)
-        .vectorize(seqi)
-        .compute_at(q_heads, head_dim)
-        .reorder({seqi, seq, hidden, batch})
-        .reorder_storage(seq, hidden, batch);
     q_product
         .split(seq, seq, seqi, 16, TailStrategy::RoundUp)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::RoundUp)
@@ -326,16 +319,17 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx512_zen4(
         .reorder({hiddeni, hidden, in_featurei, in_feature})
         .parallel(in_feature);
     keys
-        .split(key, key, keyi, 16, TailStrategy::ShiftInwards)
+        .store_in(MemoryType::Stack)
+        .split(key, key, keyi, 16, TailStrategy::RoundUp)
         .vectorize(keyi)
-        .compute_at(block_scores, key_block)
-        .store_at(running, key_blocks_x)
-        .reorder({keyi, head_dim, batch, key, head});
+        .compute_at(dot, query_in_block)
+        .store_at(dot, e_x)
+        .reorder({keyi, key, head_dim, head, batch});
     k_by_sequence
         .store_in(MemoryType::Stack)
         .split(head_dim, head_dim, head_dimi, 16, TailStrategy::ShiftInwards)
         .vectorize(head_dimi)
-        .compute_at(keys, key)
+        .compute_at(block_scores, key_in_block_y)
         .reorder({head_dimi, head_dim, head, seq, batch});
     sequence_length
         .split(batch, batch, batchi, 16, TailStrategy::GuardWithIf)

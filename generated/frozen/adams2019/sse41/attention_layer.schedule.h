@@ -18,15 +18,16 @@ inline void apply_schedule_attn_attention_layer_adams2019_sse41(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(46);
-    Func variance = pipeline.get_func(45);
-    Func sum_sq_dev = pipeline.get_func(44);
-    Func mean = pipeline.get_func(43);
-    Func sum = pipeline.get_func(42);
-    Func dense = pipeline.get_func(40);
-    Func projection = pipeline.get_func(39);
-    Func w_o_t = pipeline.get_func(38);
-    Func ctx = pipeline.get_func(36);
+    Func y_1 = pipeline.get_func(47);
+    Func variance = pipeline.get_func(46);
+    Func sum_sq_dev = pipeline.get_func(45);
+    Func mean = pipeline.get_func(44);
+    Func sum = pipeline.get_func(43);
+    Func dense = pipeline.get_func(41);
+    Func projection = pipeline.get_func(40);
+    Func w_o_t = pipeline.get_func(39);
+    Func ctx = pipeline.get_func(37);
+    Func block_result = pipeline.get_func(36);
     Func running = pipeline.get_func(35);
     Func block_sum = pipeline.get_func(34);
     Func block_context = pipeline.get_func(33);
@@ -57,26 +58,24 @@ inline void apply_schedule_attn_attention_layer_adams2019_sse41(
     Var head_dim(ctx.get_schedule().dims()[0].var);
     Var head_dimi("head_dimi");
     Var headi("headi");
-    Var headii("headii");
     Var hidden(y_1.get_schedule().dims()[0].var);
     Var hiddeni("hiddeni");
-    Var hiddenii("hiddenii");
-    Var hiddeniii("hiddeniii");
     Var in_feature(w_o_t.get_schedule().dims()[1].var);
     Var in_featurei("in_featurei");
     Var key(values.get_schedule().dims()[1].var);
     Var key_block(block_sum.get_schedule().dims()[2].var);
     Var key_chunk(block_exp.get_schedule().dims()[1].var);
     Var key_in_chunk(block_exp.get_schedule().dims()[0].var);
+    Var key_in_chunki("key_in_chunki");
     Var keyi("keyi");
     Var keyii("keyii");
     Var query(ctx.get_schedule().dims()[2].var);
-    Var query_block(running.get_schedule().dims()[2].var);
-    Var query_in_block(running.get_schedule().dims()[1].var);
+    Var query_block(block_result.get_schedule().dims()[2].var);
+    Var query_in_block(block_result.get_schedule().dims()[1].var);
     Var query_in_blocki("query_in_blocki");
+    Var query_in_blockii("query_in_blockii");
     Var seq(y_1.get_schedule().dims()[1].var);
     Var seqi("seqi");
-    Var seqii("seqii");
     RVar all_keys_x(key_end.update(0).get_schedule().dims()[0].var);
     RVar e_x(dot.update(0).get_schedule().dims()[0].var);
     RVar in_feature_x(projection.update(0).get_schedule().dims()[0].var);
@@ -92,6 +91,7 @@ inline void apply_schedule_attn_attention_layer_adams2019_sse41(
     RVar row_x(sum_sq_dev.update(0).get_schedule().dims()[0].var);
     RVar v_k_x(v_product.update(0).get_schedule().dims()[0].var);
     RVar v_row_x(v.update(0).get_schedule().dims()[0].var);
+    RVar v_row_xi("v_row$xi");
     y_1
         .split(seq, seq, seqi, 64, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
@@ -137,12 +137,11 @@ inline void apply_schedule_attn_attention_layer_adams2019_sse41(
         .reorder({hiddeni, hidden, seqi, seq, batch})
         .parallel(seq);
     projection.update(0)
-        .split(seq, seq, seqi, 64, TailStrategy::RoundUp)
-        .split(seqi, seqi, seqii, 8, TailStrategy::GuardWithIf)
-        .split(in_feature_x, in_feature_x, in_feature_xi, 8, TailStrategy::GuardWithIf)
+        .split(seq, seq, seqi, 8, TailStrategy::RoundUp)
+        .split(in_feature_x, in_feature_x, in_feature_xi, 4, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .reorder({hiddeni, in_feature_xi, hidden, seqii, in_feature_x, in_feature_y, seqi, seq, batch})
+        .reorder({hiddeni, in_feature_xi, hidden, in_feature_x, in_feature_y, seqi, seq, batch})
         .parallel(seq);
     w_o_t
         .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
@@ -156,109 +155,114 @@ inline void apply_schedule_attn_attention_layer_adams2019_sse41(
         .split(head_dim, head_dim, head_dimi, 4, TailStrategy::RoundUp)
         .vectorize(head_dimi)
         .compute_at(projection, in_feature_xi)
-        .store_at(projection, seqii)
+        .store_at(projection, in_feature_x)
         .reorder({head_dimi, head_dim, head, query, batch});
-    running
-        .store_in(MemoryType::Stack)
-        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
-        .vectorize(query_in_blocki)
-        .compute_at(projection, in_feature_x)
-        .reorder({query_in_blocki, query_in_block, head_dim, query_block, head, batch})
-        .reorder_storage(query_in_block, head_dim, query_block, head, batch);
-    running.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
-        .vectorize(query_in_blocki)
-        .reorder({query_in_blocki, key_blocks_x, query_in_block, head_dim, query_block, head, batch});
-    block_sum
-        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
-        .vectorize(query_in_blocki)
-        .compute_at(projection, seq)
-        .reorder({query_in_blocki, query_in_block, query_block, key_block, head, batch});
-    block_sum.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
-        .vectorize(query_in_blocki)
-        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, query_block, key_block, head, batch});
-    block_context
-        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
-        .vectorize(query_in_blocki)
-        .compute_root()
-        .reorder({query_in_blocki, query_in_block, head_dim, head, query_block, key_block, batch})
-        .parallel(query_block)
-        .reorder_storage(query_in_block, head_dim, query_block, key_block, head, batch);
-    block_context.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
-        .vectorize(query_in_blocki)
-        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, head_dim, head, query_block, key_block, batch})
-        .parallel(query_block);
-    values
-        .split(head, head, headi, 6, TailStrategy::ShiftInwards)
-        .split(key, key, keyi, 260, TailStrategy::ShiftInwards)
-        .split(headi, headi, headii, 2, TailStrategy::ShiftInwards)
-        .split(keyi, keyi, keyii, 4, TailStrategy::ShiftInwards)
-        .vectorize(keyii)
-        .compute_root()
-        .reorder({keyii, keyi, head_dim, headii, key, headi, head, batch})
-        .parallel(head)
-        .reorder_storage(key, head_dim, head, batch);
-    v_heads
-        .store_in(MemoryType::Stack)
+    block_result
+        .split(head, head, headi, 3, TailStrategy::ShiftInwards)
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::ShiftInwards)
+        .split(query_in_blocki, query_in_blocki, query_in_blockii, 2, TailStrategy::ShiftInwards)
         .split(head_dim, head_dim, head_dimi, 4, TailStrategy::ShiftInwards)
         .vectorize(head_dimi)
-        .compute_at(values, key)
-        .reorder({head_dimi, head_dim, head, seq, batch});
-    v
+        .compute_root()
+        .reorder({head_dimi, head_dim, query_in_blockii, headi, query_in_blocki, query_in_block, query_block, head, batch})
+        .parallel(head);
+    running
         .store_in(MemoryType::Stack)
+        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::RoundUp)
+        .vectorize(head_dimi)
+        .compute_at(block_result, query_in_blockii)
+        .reorder({head_dimi, head_dim, query_in_block, query_block, head, batch});
+    running.update(0)
+        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::RoundUp)
+        .vectorize(head_dimi)
+        .reorder({head_dimi, key_blocks_x, head_dim, query_in_block, query_block, head, batch});
+    block_sum
+        .store_in(MemoryType::Stack)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .vectorize(headi)
+        .compute_at(block_result, query_in_blocki)
+        .reorder({headi, head, query_in_block, query_block, key_block, batch})
+        .reorder_storage(head, query_in_block, query_block, key_block, batch);
+    block_sum.update(0)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .vectorize(headi)
+        .reorder({headi, key_in_block_x, key_in_block_y, head, query_in_block, query_block, key_block, batch});
+    block_context
+        .store_in(MemoryType::Stack)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .unroll(head_dim)
+        .vectorize(headi)
+        .compute_at(running, key_blocks_x)
+        .reorder({headi, head, head_dim, query_in_block, query_block, key_block, batch})
+        .reorder_storage(head, head_dim, query_in_block, query_block, key_block, batch);
+    block_context.update(0)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .unroll(head_dim)
+        .vectorize(headi)
+        .reorder({headi, head, head_dim, query_in_block, query_block, key_block, batch, key_in_block_x, key_in_block_y});
+    values
+        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
+        .split(key, key, keyi, 258, TailStrategy::RoundUp)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .vectorize(headi)
+        .compute_at(block_result, head)
+        .reorder({headi, head, head_dimi, keyi, head_dim, key, batch})
+        .reorder_storage(head, head_dim, key, batch);
+    v_heads
+        .store_in(MemoryType::Stack)
+        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .vectorize(headi)
+        .compute_at(values, head)
+        .store_at(values, head_dim)
+        .reorder({headi, head, head_dim, seq, batch})
+        .reorder_storage(head, head_dim, seq, batch);
+    v
         .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .compute_at(v_heads, head_dim)
+        .compute_at(block_result, head)
         .reorder({hiddeni, hidden, seq, batch});
     v.update(0)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
+        .split(v_row_x, v_row_x, v_row_xi, 2, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
-        .reorder({hiddeni, hidden, v_row_x, batch});
+        .reorder({hiddeni, v_row_xi, v_row_x, hidden, batch});
     v_product
-        .split(seq, seq, seqi, 4, TailStrategy::RoundUp)
+        .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .compute_root()
-        .reorder({hiddeni, hidden, seqi, seq, batch})
-        .parallel(seq);
+        .compute_at(v, v_row_x)
+        .reorder({hiddeni, hidden, seq, batch});
     v_product.update(0)
-        .split(seq, seq, seqi, 4, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
-        .reorder({hiddeni, v_k_x, hidden, seqi, seq, batch})
-        .parallel(seq);
+        .reorder({hiddeni, v_k_x, hidden, seq, batch});
     v_weight_t
-        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
+        .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
-        .compute_root()
-        .reorder({hiddeni, hidden, in_featurei, in_feature})
-        .parallel(in_feature);
+        .compute_at(v, hidden)
+        .reorder({hiddeni, hidden, in_feature});
     block_exp
+        .store_in(MemoryType::Stack)
         .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
         .vectorize(query_in_blocki)
-        .compute_root()
-        .reorder({query_in_blocki, query_in_block, key_in_chunk, key_chunk, head, query_block, key_block, batch})
-        .parallel(query_block)
+        .compute_at(block_result, query_in_block)
+        .reorder({query_in_blocki, query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch})
         .reorder_storage(query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch);
     block_exp.update(0)
         .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
         .vectorize(query_in_blocki)
-        .reorder({query_in_blocki, query_in_block, key_in_block_x, key_in_block_y, head, query_block, key_block, batch})
-        .parallel(query_block);
+        .reorder({query_in_blocki, query_in_block, key_in_block_x, key_in_block_y, query_block, key_block, head, batch});
     block_max
+        .store_in(MemoryType::Stack)
         .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
         .vectorize(query_in_blocki)
-        .compute_root()
-        .reorder({query_in_blocki, query_in_block, head, query_block, key_block, batch})
-        .parallel(query_block);
+        .compute_at(block_result, query_in_block)
+        .reorder({query_in_blocki, query_in_block, query_block, key_block, head, batch});
     block_max.update(0)
         .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
         .vectorize(query_in_blocki)
-        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, head, query_block, key_block, batch})
-        .parallel(query_block);
+        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, query_block, key_block, head, batch});
     key_is_real
         .split(key, key, keyi, 272, TailStrategy::ShiftInwards)
         .split(keyi, keyi, keyii, 16, TailStrategy::ShiftInwards)
@@ -267,93 +271,75 @@ inline void apply_schedule_attn_attention_layer_adams2019_sse41(
         .reorder({keyii, keyi, key, batch})
         .parallel(key);
     block_scores
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .compute_root()
-        .reorder({headi, head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch})
-        .parallel(query_block)
-        .reorder_storage(head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch);
+        .store_in(MemoryType::Stack)
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .compute_at(block_result, query_in_block)
+        .reorder({query_in_blocki, query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch})
+        .reorder_storage(query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch);
     block_scores.update(0)
-        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
-        .vectorize(headi)
-        .reorder({headi, key_in_block_x, key_in_block_y, query_in_block, head, query_block, key_block, batch})
-        .parallel(query_block);
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::GuardWithIf)
+        .unroll(key_in_block_x)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, query_in_block, key_in_block_x, key_in_block_y, query_block, key_block, head, batch});
     dot
         .store_in(MemoryType::Stack)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .compute_at(block_scores, key_in_block_x)
-        .reorder({headi, head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch})
-        .reorder_storage(head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch);
+        .split(key_in_chunk, key_in_chunk, key_in_chunki, 4, TailStrategy::RoundUp)
+        .vectorize(key_in_chunki)
+        .compute_at(block_scores, key_in_block_y)
+        .reorder({key_in_chunki, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch});
     dot.update(0)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .reorder({headi, head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch, e_x});
+        .split(key_in_chunk, key_in_chunk, key_in_chunki, 4, TailStrategy::RoundUp)
+        .vectorize(key_in_chunki)
+        .reorder({key_in_chunki, e_x, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch});
     q_heads
         .store_in(MemoryType::Stack)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .compute_at(block_scores, key_in_block_x)
-        .store_at(block_scores, head)
-        .reorder({headi, head, head_dim, seq, batch})
-        .reorder_storage(head, head_dim, seq, batch);
-    q
-        .split(seq, seq, seqi, 32, TailStrategy::ShiftInwards)
-        .split(hidden, hidden, hiddeni, 3, TailStrategy::ShiftInwards)
-        .split(seqi, seqi, seqii, 4, TailStrategy::ShiftInwards)
-        .vectorize(seqii)
-        .compute_at(block_scores, head)
-        .reorder({seqii, seqi, hiddeni, seq, hidden, batch})
-        .reorder_storage(seq, hidden, batch);
+        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::ShiftInwards)
+        .split(seq, seq, seqi, 2, TailStrategy::ShiftInwards)
+        .unroll(seqi)
+        .vectorize(head_dimi)
+        .compute_at(block_scores, query_block)
+        .reorder({head_dimi, seqi, head_dim, head, seq, batch});
     q_product
         .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .compute_at(q, seq)
+        .compute_at(q_heads, head_dim)
         .reorder({hiddeni, hidden, seq, batch});
     q_product.update(0)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
         .reorder({hiddeni, q_k_x, hidden, seq, batch});
     q_weight_t
-        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
-        .compute_root()
-        .reorder({hiddeni, hidden, in_featurei, in_feature})
-        .parallel(in_feature);
+        .compute_at(block_result, head)
+        .reorder({hiddeni, hidden, in_feature});
     keys
-        .split(key, key, keyi, 258, TailStrategy::RoundUp)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .split(head_dim, head_dim, head_dimi, 2, TailStrategy::RoundUp)
-        .vectorize(headi)
+        .split(head_dim, head_dim, head_dimi, 32, TailStrategy::ShiftInwards)
+        .split(key, key, keyi, 260, TailStrategy::ShiftInwards)
+        .split(keyi, keyi, keyii, 4, TailStrategy::ShiftInwards)
+        .vectorize(keyii)
         .compute_root()
-        .reorder({headi, keyi, head_dimi, head, head_dim, key, batch})
-        .parallel(key)
-        .reorder_storage(head, key, head_dim, batch);
+        .reorder({keyii, keyi, head_dimi, key, head_dim, head, batch})
+        .fuse(head_dim, head, head_dim)
+        .parallel(head_dim);
     k_heads
         .store_in(MemoryType::Stack)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .compute_at(keys, keyi)
-        .store_at(keys, head)
-        .reorder({headi, head, head_dim, seq, batch})
-        .reorder_storage(head, head_dim, seq, batch);
+        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::RoundUp)
+        .vectorize(head_dimi)
+        .compute_at(keys, key)
+        .reorder({head_dimi, head_dim, head, seq, batch});
     k
-        .split(hidden, hidden, hiddeni, 384, TailStrategy::RoundUp)
-        .split(hiddeni, hiddeni, hiddenii, 4, TailStrategy::RoundUp)
-        .vectorize(hiddenii)
-        .compute_root()
-        .reorder({hiddenii, hiddeni, seq, hidden, batch})
-        .parallel(hidden);
+        .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
+        .vectorize(hiddeni)
+        .compute_at(keys, head_dim)
+        .reorder({hiddeni, hidden, seq, batch});
     k.update(0)
-        .split(hidden, hidden, hiddeni, 384, TailStrategy::GuardWithIf)
-        .split(hiddeni, hiddeni, hiddenii, 16, TailStrategy::GuardWithIf)
-        .split(k_row_x, k_row_x, k_row_xi, 16, TailStrategy::GuardWithIf)
-        .split(hiddenii, hiddenii, hiddeniii, 4, TailStrategy::GuardWithIf)
-        .vectorize(hiddeniii)
-        .reorder({hiddeniii, hiddenii, k_row_xi, hiddeni, k_row_x, hidden, batch})
-        .parallel(hidden);
+        .split(k_row_x, k_row_x, k_row_xi, 8, TailStrategy::GuardWithIf)
+        .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
+        .vectorize(hiddeni)
+        .reorder({hiddeni, hidden, k_row_xi, k_row_x, batch});
     kv_rows
         .split(batch, batch, batchi, 4, TailStrategy::RoundUp)
         .vectorize(batchi)
@@ -372,17 +358,16 @@ inline void apply_schedule_attn_attention_layer_adams2019_sse41(
         .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .compute_at(k, hiddeni)
+        .compute_at(k, k_row_x)
         .reorder({hiddeni, hidden, seq, batch});
     k_product.update(0)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
-        .reorder({hiddeni, k_k_x, seq, hidden, batch});
+        .reorder({hiddeni, k_k_x, hidden, seq, batch});
     k_weight_t
-        .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
-        .compute_at(k_product, hidden)
+        .compute_at(keys, head_dim)
         .reorder({hiddeni, hidden, in_feature});
 
 }

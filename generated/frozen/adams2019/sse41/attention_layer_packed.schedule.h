@@ -18,17 +18,18 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_sse41(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(50);
-    Func variance = pipeline.get_func(49);
-    Func sum_sq_dev = pipeline.get_func(48);
-    Func mean = pipeline.get_func(47);
-    Func sum = pipeline.get_func(46);
-    Func dense = pipeline.get_func(44);
-    Func projection = pipeline.get_func(43);
-    Func w_o_t = pipeline.get_func(42);
-    Func packed_ctx = pipeline.get_func(40);
-    Func token_sequence = pipeline.get_func(39);
-    Func ctx = pipeline.get_func(38);
+    Func y_1 = pipeline.get_func(51);
+    Func variance = pipeline.get_func(50);
+    Func sum_sq_dev = pipeline.get_func(49);
+    Func mean = pipeline.get_func(48);
+    Func sum = pipeline.get_func(47);
+    Func dense = pipeline.get_func(45);
+    Func projection = pipeline.get_func(44);
+    Func w_o_t = pipeline.get_func(43);
+    Func packed_ctx = pipeline.get_func(41);
+    Func token_sequence = pipeline.get_func(40);
+    Func ctx = pipeline.get_func(39);
+    Func block_result = pipeline.get_func(38);
     Func running = pipeline.get_func(37);
     Func block_sum = pipeline.get_func(36);
     Func block_context = pipeline.get_func(35);
@@ -61,10 +62,11 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_sse41(
     Var head(packed_ctx.get_schedule().dims()[1].var);
     Var head_dim(packed_ctx.get_schedule().dims()[0].var);
     Var head_dimi("head_dimi");
+    Var head_dimii("head_dimii");
     Var headi("headi");
+    Var headii("headii");
     Var hidden(y_1.get_schedule().dims()[0].var);
     Var hiddeni("hiddeni");
-    Var hiddenii("hiddenii");
     Var in_feature(w_o_t.get_schedule().dims()[1].var);
     Var in_featurei("in_featurei");
     Var key(values.get_schedule().dims()[1].var);
@@ -85,10 +87,12 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_sse41(
     RVar e_x(dot.update(0).get_schedule().dims()[0].var);
     RVar in_feature_x(projection.update(0).get_schedule().dims()[0].var);
     RVar in_feature_y(projection.update(0).get_schedule().dims()[1].var);
+    RVar in_feature_yi("in_feature$yi");
     RVar k_k_x(k_product.update(0).get_schedule().dims()[0].var);
     RVar key_blocks_x(running.update(0).get_schedule().dims()[0].var);
     RVar key_in_block_x(block_sum.update(0).get_schedule().dims()[0].var);
     RVar key_in_block_y(block_sum.update(0).get_schedule().dims()[1].var);
+    RVar key_in_block_yi("key_in_block$yi");
     RVar later_starts_x(token_sequence.update(0).get_schedule().dims()[0].var);
     RVar q_k_x(q_product.update(0).get_schedule().dims()[0].var);
     RVar row_x(sum_sq_dev.update(0).get_schedule().dims()[0].var);
@@ -138,13 +142,13 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_sse41(
         .reorder({hiddeni, hidden, seqi, seq, batch})
         .parallel(seq);
     projection.update(0)
-        .split(seq, seq, seqi, 64, TailStrategy::GuardWithIf)
+        .split(seq, seq, seqi, 128, TailStrategy::GuardWithIf)
         .split(seqi, seqi, seqii, 32, TailStrategy::GuardWithIf)
-        .split(hidden, hidden, hiddeni, 256, TailStrategy::GuardWithIf)
-        .split(seqii, seqii, seqiii, 16, TailStrategy::GuardWithIf)
-        .split(hiddeni, hiddeni, hiddenii, 4, TailStrategy::GuardWithIf)
-        .vectorize(hiddenii)
-        .reorder({hiddenii, hiddeni, seqiii, in_feature_x, in_feature_y, hidden, seqii, seqi, seq, batch})
+        .split(in_feature_y, in_feature_y, in_feature_yi, 3, TailStrategy::GuardWithIf)
+        .split(seqii, seqii, seqiii, 4, TailStrategy::GuardWithIf)
+        .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
+        .vectorize(hiddeni)
+        .reorder({hiddeni, in_feature_yi, hidden, seqiii, in_feature_x, in_feature_y, seqii, seqi, seq, batch})
         .parallel(seq);
     w_o_t
         .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
@@ -155,11 +159,11 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_sse41(
         .parallel(in_feature);
     packed_ctx
         .store_in(MemoryType::Stack)
-        .split(seq, seq, seqi, 4, TailStrategy::ShiftInwards)
-        .vectorize(seqi)
+        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
+        .vectorize(headi)
         .compute_at(projection, in_feature_x)
-        .reorder({seqi, seq, head_dim, head, batch})
-        .reorder_storage(seq, head_dim, head, batch);
+        .reorder({headi, head, head_dim, seq, batch})
+        .reorder_storage(head, head_dim, seq, batch);
     token_sequence
         .split(seq, seq, seqi, 4, TailStrategy::RoundUp)
         .vectorize(seqi)
@@ -170,61 +174,63 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_sse41(
         .vectorize(seqi)
         .reorder({seqi, later_starts_x, seq});
     running
-        .split(query_in_block, query_in_block, query_in_blocki, 8, TailStrategy::RoundUp)
-        .split(head, head, headi, 3, TailStrategy::RoundUp)
-        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::RoundUp)
-        .vectorize(head_dimi)
+        .split(head_dim, head_dim, head_dimi, 32, TailStrategy::RoundUp)
+        .split(head, head, headi, 6, TailStrategy::RoundUp)
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
         .compute_root()
-        .reorder({head_dimi, head_dim, query_in_blocki, query_block, headi, batch, query_in_block, head})
-        .fuse(query_in_block, head, query_in_block)
-        .parallel(query_in_block);
+        .reorder({query_in_blocki, query_in_block, head_dimi, query_block, headi, head_dim, head, batch})
+        .fuse(head, batch, head)
+        .fuse(head_dim, head, head_dim)
+        .parallel(head_dim)
+        .reorder_storage(query_in_block, head_dim, query_block, head, batch);
     running.update(0)
-        .split(head, head, headi, 3, TailStrategy::GuardWithIf)
-        .split(query_in_block, query_in_block, query_in_blocki, 22, TailStrategy::GuardWithIf)
-        .split(query_in_blocki, query_in_blocki, query_in_blockii, 8, TailStrategy::GuardWithIf)
-        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::GuardWithIf)
-        .vectorize(head_dimi)
-        .reorder({head_dimi, head_dim, query_in_blockii, query_block, headi, batch, query_in_blocki, query_in_block, key_blocks_x, head})
+        .split(head, head, headi, 6, TailStrategy::GuardWithIf)
+        .split(head_dim, head_dim, head_dimi, 32, TailStrategy::GuardWithIf)
+        .split(head_dimi, head_dimi, head_dimii, 4, TailStrategy::GuardWithIf)
+        .split(headi, headi, headii, 3, TailStrategy::GuardWithIf)
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::GuardWithIf)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, query_in_block, head_dimii, query_block, headii, head_dimi, headi, head_dim, key_blocks_x, head, batch})
+        .fuse(head, batch, head)
         .parallel(head);
     block_sum
-        .store_in(MemoryType::Stack)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .compute_at(running, query_in_block)
-        .reorder({headi, head, query_in_block, query_block, key_block, batch})
-        .reorder_storage(head, query_in_block, query_block, key_block, batch);
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .compute_at(running, key_blocks_x)
+        .reorder({query_in_blocki, query_in_block, query_block, key_block, head, batch});
     block_sum.update(0)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .reorder({headi, key_in_block_x, key_in_block_y, head, query_in_block, query_block, key_block, batch});
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, query_block, key_block, head, batch});
     block_context
         .store_in(MemoryType::Stack)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .unroll(head_dim)
-        .vectorize(headi)
-        .compute_at(running, head_dim)
-        .reorder({headi, head, head_dim, query_in_block, query_block, key_block, batch})
-        .reorder_storage(head, head_dim, query_in_block, query_block, key_block, batch);
+        .split(batch, batch, batchi, 4, TailStrategy::RoundUp)
+        .unroll(query_in_block)
+        .vectorize(batchi)
+        .compute_at(running, query_in_block)
+        .reorder({batchi, batch, head_dim, query_in_block, query_block, key_block, head})
+        .reorder_storage(batch, head_dim, query_in_block, query_block, key_block, head);
     block_context.update(0)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .unroll(head_dim)
-        .vectorize(headi)
-        .reorder({headi, head, head_dim, query_in_block, query_block, key_block, batch, key_in_block_x, key_in_block_y});
+        .split(batch, batch, batchi, 4, TailStrategy::RoundUp)
+        .unroll(query_in_block)
+        .vectorize(batchi)
+        .reorder({batchi, batch, head_dim, query_in_block, query_block, key_block, head, key_in_block_x, key_in_block_y});
     values
-        .split(key, key, keyi, 260, TailStrategy::ShiftInwards)
-        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::ShiftInwards)
-        .split(keyi, keyi, keyii, 4, TailStrategy::ShiftInwards)
-        .vectorize(keyii)
-        .compute_at(running, key_blocks_x)
-        .reorder({keyii, keyi, head_dimi, head, batch, key, head_dim})
-        .reorder_storage(key, head_dim, head, batch);
+        .store_in(MemoryType::Stack)
+        .split(key, key, keyi, 58, TailStrategy::ShiftInwards)
+        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
+        .vectorize(headi)
+        .compute_at(running, head_dimi)
+        .reorder({headi, head, head_dim, keyi, key, batch})
+        .reorder_storage(head, head_dim, key, batch);
     v_by_sequence
         .store_in(MemoryType::Stack)
-        .split(batch, batch, batchi, 4, TailStrategy::ShiftInwards)
-        .vectorize(batchi)
+        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
+        .vectorize(headi)
         .compute_at(values, key)
-        .reorder({batchi, batch, head_dim, head, seq})
-        .reorder_storage(batch, head_dim, head, seq);
+        .reorder({headi, head, head_dim, seq, batch})
+        .reorder_storage(head, head_dim, seq, batch);
     v_product
         .split(seq, seq, seqi, 32, TailStrategy::RoundUp)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
@@ -246,53 +252,50 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_sse41(
         .reorder({hiddeni, hidden, in_featurei, in_feature})
         .parallel(in_feature);
     block_exp
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .compute_at(running, query_in_block)
-        .reorder({headi, head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch})
-        .reorder_storage(head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch);
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .compute_at(running, key_blocks_x)
+        .reorder({query_in_blocki, query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch})
+        .reorder_storage(query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch);
     block_exp.update(0)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .reorder({headi, head, key_in_block_x, key_in_block_y, query_in_block, query_block, key_block, batch});
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, query_in_block, key_in_block_x, key_in_block_y, query_block, key_block, head, batch});
     block_max
-        .store_in(MemoryType::Stack)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .compute_at(running, query_in_block)
-        .reorder({headi, head, query_in_block, query_block, key_block, batch})
-        .reorder_storage(head, query_in_block, query_block, key_block, batch);
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .compute_at(running, key_blocks_x)
+        .reorder({query_in_blocki, query_in_block, query_block, key_block, head, batch});
     block_max.update(0)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .reorder({headi, key_in_block_x, key_in_block_y, head, query_in_block, query_block, key_block, batch});
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .reorder({query_in_blocki, key_in_block_x, key_in_block_y, query_in_block, query_block, key_block, head, batch});
     key_is_real
-        .split(batch, batch, batchi, 4, TailStrategy::RoundUp)
-        .split(key, key, keyi, 64, TailStrategy::RoundUp)
+        .split(key, key, keyi, 144, TailStrategy::RoundUp)
         .split(keyi, keyi, keyii, 16, TailStrategy::RoundUp)
         .unroll(keyi)
         .vectorize(keyii)
-        .compute_root()
-        .reorder({keyii, keyi, batchi, key, batch})
-        .parallel(batch);
+        .compute_at(running, key_blocks_x)
+        .reorder({keyii, keyi, key, batch});
     sequence_key_is_real
         .store_in(MemoryType::Stack)
         .split(key, key, keyi, 16, TailStrategy::RoundUp)
         .vectorize(keyi)
-        .compute_at(key_is_real, batchi)
-        .store_at(key_is_real, key)
+        .compute_at(key_is_real, key)
         .reorder({keyi, key, batch});
     block_scores
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .vectorize(headi)
-        .compute_at(running, query_in_block)
-        .reorder({headi, head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch})
-        .reorder_storage(head, key_in_chunk, key_chunk, query_in_block, query_block, key_block, batch);
+        .split(query_in_block, query_in_block, query_in_blocki, 4, TailStrategy::RoundUp)
+        .vectorize(query_in_blocki)
+        .compute_at(running, key_blocks_x)
+        .reorder({query_in_blocki, query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch})
+        .reorder_storage(query_in_block, key_in_chunk, key_chunk, query_block, key_block, head, batch);
     block_scores.update(0)
-        .split(batch, batch, batchi, 2, TailStrategy::GuardWithIf)
-        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
-        .vectorize(headi)
-        .reorder({headi, head, key_in_block_x, query_in_block, key_in_block_y, batchi, query_block, key_block, batch});
+        .split(head, head, headi, 3, TailStrategy::GuardWithIf)
+        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
+        .split(key_in_block_y, key_in_block_y, key_in_block_yi, 4, TailStrategy::GuardWithIf)
+        .split(query_in_blocki, query_in_blocki, query_in_blockii, 4, TailStrategy::GuardWithIf)
+        .vectorize(query_in_blockii)
+        .reorder({query_in_blockii, query_in_blocki, key_in_block_x, key_in_block_yi, key_in_block_y, headi, query_in_block, query_block, key_block, head, batch});
     dot
         .store_in(MemoryType::Stack)
         .split(key_in_chunk, key_in_chunk, key_in_chunki, 4, TailStrategy::RoundUp)
@@ -305,56 +308,45 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_sse41(
         .reorder({key_in_chunki, e_x, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch});
     q_by_sequence
         .store_in(MemoryType::Stack)
-        .split(seq, seq, seqi, 4, TailStrategy::ShiftInwards)
-        .vectorize(seqi)
-        .compute_at(block_scores, key_in_block_y)
-        .store_at(block_scores, query_block)
-        .reorder({seqi, seq, head_dim, head, batch})
-        .reorder_storage(seq, head_dim, head, batch);
-    q_heads
-        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::ShiftInwards)
-        .vectorize(head_dimi)
-        .compute_at(running, key_blocks_x)
-        .reorder({head_dimi, head_dim, head, seq, batch});
-    q
-        .store_in(MemoryType::Stack)
-        .split(hidden, hidden, hiddeni, 12, TailStrategy::ShiftInwards)
-        .split(hiddeni, hiddeni, hiddenii, 4, TailStrategy::ShiftInwards)
-        .unroll(hiddeni)
-        .vectorize(hiddenii)
-        .compute_at(q_heads, seq)
-        .reorder({hiddenii, hiddeni, hidden, seq, batch});
+        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
+        .vectorize(headi)
+        .compute_at(block_scores, headi)
+        .store_at(block_scores, query_in_block)
+        .reorder({headi, head, head_dim, seq, batch})
+        .reorder_storage(head, head_dim, seq, batch);
     q_product
-        .store_in(MemoryType::Stack)
+        .split(seq, seq, seqi, 32, TailStrategy::RoundUp)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
-        .unroll(hidden)
         .vectorize(hiddeni)
-        .compute_at(q, hidden)
-        .reorder({hiddeni, hidden, seq, batch});
+        .compute_root()
+        .reorder({hiddeni, hidden, seqi, seq, batch})
+        .parallel(seq);
     q_product.update(0)
+        .split(seq, seq, seqi, 32, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
-        .unroll(hidden)
         .vectorize(hiddeni)
-        .reorder({hiddeni, hidden, seq, batch, q_k_x});
+        .reorder({hiddeni, q_k_x, hidden, seqi, seq, batch})
+        .parallel(seq);
     q_weight_t
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
-        .compute_at(running, key_blocks_x)
-        .reorder({hiddeni, hidden, in_feature});
+        .compute_root()
+        .reorder({hiddeni, hidden, in_featurei, in_feature})
+        .parallel(in_feature);
     keys
-        .split(key, key, keyi, 260, TailStrategy::ShiftInwards)
-        .split(head_dim, head_dim, head_dimi, 4, TailStrategy::ShiftInwards)
+        .split(key, key, keyi, 60, TailStrategy::ShiftInwards)
         .split(keyi, keyi, keyii, 4, TailStrategy::ShiftInwards)
         .vectorize(keyii)
-        .compute_at(running, key_blocks_x)
-        .reorder({keyii, keyi, head_dimi, head, batch, key, head_dim});
+        .compute_at(block_scores, key_block)
+        .reorder({keyii, keyi, head_dim, head, key, batch});
     k_by_sequence
         .store_in(MemoryType::Stack)
-        .split(batch, batch, batchi, 4, TailStrategy::ShiftInwards)
-        .vectorize(batchi)
+        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
+        .vectorize(headi)
         .compute_at(keys, key)
-        .reorder({batchi, batch, head_dim, head, seq})
-        .reorder_storage(batch, head_dim, head, seq);
+        .reorder({headi, head, head_dim, seq, batch})
+        .reorder_storage(head, head_dim, seq, batch);
     sequence_length
         .split(batch, batch, batchi, 4, TailStrategy::ShiftInwards)
         .vectorize(batchi)

@@ -18,18 +18,19 @@ inline void apply_schedule_attn_attention_core_anderson2021_cuda(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func context = pipeline.get_func(20);
-    Func ctx_1 = pipeline.get_func(19);
+    Func context = pipeline.get_func(21);
+    Func ctx_1 = pipeline.get_func(20);
+    Func block_result = pipeline.get_func(19);
     Func running = pipeline.get_func(18);
-    Func block_sum = pipeline.get_func(17);
-    Func block_context = pipeline.get_func(16);
-    Func values = pipeline.get_func(15);
-    Func v_heads = pipeline.get_func(14);
-    Func block_exp = pipeline.get_func(12);
-    Func block_max = pipeline.get_func(11);
-    Func key_is_real = pipeline.get_func(10);
-    Func block_scores = pipeline.get_func(9);
-    Func key_end = pipeline.get_func(8);
+    Func key_end = pipeline.get_func(17);
+    Func block_sum = pipeline.get_func(16);
+    Func block_context = pipeline.get_func(15);
+    Func values = pipeline.get_func(14);
+    Func v_heads = pipeline.get_func(13);
+    Func block_exp = pipeline.get_func(11);
+    Func block_max = pipeline.get_func(10);
+    Func key_is_real = pipeline.get_func(9);
+    Func block_scores = pipeline.get_func(7);
     Func dot = pipeline.get_func(6);
     Func q_heads = pipeline.get_func(5);
     Func keys = pipeline.get_func(3);
@@ -64,13 +65,12 @@ inline void apply_schedule_attn_attention_core_anderson2021_cuda(
     RVar key_blocks_x(running.update(0).get_schedule().dims()[0].var);
     RVar key_in_block_x(block_sum.update(0).get_schedule().dims()[0].var);
     RVar key_in_block_y(block_sum.update(0).get_schedule().dims()[1].var);
-    Var batchi_serial_outer("batchi_serial_outer");
     Var key_in_chunki_serial_outer("key_in_chunki_serial_outer");
+    Var seq_serial_outer("seq_serial_outer");
     Var head_dim_serial_outer("head_dim_serial_outer");
     Var keyi_serial_outer("keyi_serial_outer");
     Var query_in_blocki_serial_outer("query_in_blocki_serial_outer");
-    Var seq_serial_outer("seq_serial_outer");
-    Var headi_serial_outer("headi_serial_outer");
+    Var batchi_serial_outer("batchi_serial_outer");
     Var queryi_serial_outer("queryi_serial_outer");
     Var query_blocki_serial_outer("query_blocki_serial_outer");
     Var head_dimi_serial_outer("head_dimi_serial_outer");
@@ -93,38 +93,55 @@ inline void apply_schedule_attn_attention_core_anderson2021_cuda(
         .split(queryi, queryi_serial_outer, queryi, 2, TailStrategy::GuardWithIf)
         .gpu_threads(queryi);
     running
-        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
-        .split(query_block, query_block, query_blocki, 4, TailStrategy::RoundUp)
-        .split(head, head, headi, 2, TailStrategy::RoundUp)
-        .split(query_blocki, query_blocki, query_blockii, 4, TailStrategy::RoundUp)
+        .split(head_dim, head_dim, head_dimi, 64, TailStrategy::RoundUp)
+        .split(query_block, query_block, query_blocki, 2, TailStrategy::RoundUp)
+        .split(batch, batch, batchi, 8, TailStrategy::RoundUp)
+        .split(query_blocki, query_blocki, query_blockii, 2, TailStrategy::RoundUp)
+        .split(batchi, batchi, batchii, 4, TailStrategy::RoundUp)
         .unroll(query_blockii)
+        .unroll(batchii)
         .compute_root()
-        .reorder(query_blockii, head_dimi, query_blocki, headi, head_dim, query_in_block, query_block, head, batch)
+        .reorder(query_blockii, batchii, head_dimi, query_blocki, batchi, head_dim, query_in_block, query_block, head, batch)
         .gpu_blocks(head_dim)
         .gpu_blocks(query_in_block)
         .fuse(query_block, head, query_block)
         .fuse(query_block, batch, query_block)
         .gpu_blocks(query_block)
-        .split(head_dimi, head_dimi_serial_outer, head_dimi, 16, TailStrategy::GuardWithIf)
+        .split(head_dimi, head_dimi_serial_outer, head_dimi, 64, TailStrategy::GuardWithIf)
         .gpu_threads(head_dimi)
-        .split(headi, headi_serial_outer, headi, 2, TailStrategy::GuardWithIf)
-        .gpu_threads(headi);
+        .split(batchi, batchi_serial_outer, batchi, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(batchi);
     running.update(0)
-        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
-        .split(query_block, query_block, query_blocki, 4, TailStrategy::RoundUp)
-        .split(head, head, headi, 2, TailStrategy::RoundUp)
-        .split(query_blocki, query_blocki, query_blockii, 4, TailStrategy::GuardWithIf)
+        .split(head_dim, head_dim, head_dimi, 64, TailStrategy::RoundUp)
+        .split(query_block, query_block, query_blocki, 2, TailStrategy::RoundUp)
+        .split(batch, batch, batchi, 8, TailStrategy::RoundUp)
+        .split(query_blocki, query_blocki, query_blockii, 2, TailStrategy::GuardWithIf)
+        .split(batchi, batchi, batchii, 4, TailStrategy::GuardWithIf)
         .unroll(query_blockii)
-        .reorder(query_blockii, key_blocks_x, head_dimi, query_blocki, headi, head_dim, query_in_block, query_block, head, batch)
+        .unroll(batchii)
+        .reorder(query_blockii, batchii, key_blocks_x, head_dimi, query_blocki, batchi, head_dim, query_in_block, query_block, head, batch)
         .gpu_blocks(head_dim)
         .gpu_blocks(query_in_block)
         .fuse(query_block, head, query_block)
         .fuse(query_block, batch, query_block)
         .gpu_blocks(query_block)
-        .split(head_dimi, head_dimi_serial_outer, head_dimi, 16, TailStrategy::GuardWithIf)
+        .split(head_dimi, head_dimi_serial_outer, head_dimi, 64, TailStrategy::GuardWithIf)
         .gpu_threads(head_dimi)
-        .split(headi, headi_serial_outer, headi, 2, TailStrategy::GuardWithIf)
-        .gpu_threads(headi);
+        .split(batchi, batchi_serial_outer, batchi, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(batchi);
+    key_end
+        .split(batch, batch, batchi, 2, TailStrategy::RoundUp)
+        .compute_root()
+        .reorder(batchi, batch)
+        .gpu_blocks(batch)
+        .split(batchi, batchi_serial_outer, batchi, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(batchi);
+    key_end.update(0)
+        .split(batch, batch, batchi, 2, TailStrategy::GuardWithIf)
+        .reorder(all_keys_x, batchi, batch)
+        .gpu_blocks(batch)
+        .split(batchi, batchi_serial_outer, batchi, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(batchi);
     block_sum
         .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
         .compute_root()
@@ -272,11 +289,10 @@ inline void apply_schedule_attn_attention_core_anderson2021_cuda(
         .split(keyi, keyi_serial_outer, keyi, 16, TailStrategy::GuardWithIf)
         .gpu_threads(keyi);
     block_scores
-        .split(key_in_chunk, key_in_chunk, key_in_chunki, 16, TailStrategy::RoundUp)
-        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .split(key_in_chunk, key_in_chunk, key_in_chunki, 32, TailStrategy::RoundUp)
+        .split(batch, batch, batchi, 8, TailStrategy::RoundUp)
         .compute_root()
-        .reorder(key_in_chunki, query_in_blocki, headi, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch)
+        .reorder(key_in_chunki, batchi, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch)
         .gpu_blocks(key_in_chunk)
         .gpu_blocks(key_chunk)
         .fuse(query_in_block, query_block, query_in_block)
@@ -284,35 +300,17 @@ inline void apply_schedule_attn_attention_core_anderson2021_cuda(
         .fuse(query_in_block, head, query_in_block)
         .fuse(query_in_block, batch, query_in_block)
         .gpu_blocks(query_in_block)
-        .split(key_in_chunki, key_in_chunki_serial_outer, key_in_chunki, 16, TailStrategy::GuardWithIf)
+        .split(key_in_chunki, key_in_chunki_serial_outer, key_in_chunki, 32, TailStrategy::GuardWithIf)
         .gpu_threads(key_in_chunki)
-        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 16, TailStrategy::GuardWithIf)
-        .gpu_threads(query_in_blocki)
-        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
-        .gpu_threads(headi);
+        .split(batchi, batchi_serial_outer, batchi, 8, TailStrategy::GuardWithIf)
+        .gpu_threads(batchi);
     block_scores.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
-        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
-        .reorder(key_in_block_x, query_in_blocki, headi, key_in_block_y, query_in_block, query_block, key_block, head, batch)
+        .split(batch, batch, batchi, 8, TailStrategy::GuardWithIf)
+        .reorder(key_in_block_x, batchi, key_in_block_y, query_in_block, query_block, key_block, head, batch)
         .gpu_blocks(batch)
         .gpu_blocks(head)
         .gpu_blocks(key_block)
-        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 16, TailStrategy::GuardWithIf)
-        .gpu_threads(query_in_blocki)
-        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
-        .gpu_threads(headi);
-    key_end
-        .split(batch, batch, batchi, 2, TailStrategy::RoundUp)
-        .compute_root()
-        .reorder(batchi, batch)
-        .gpu_blocks(batch)
-        .split(batchi, batchi_serial_outer, batchi, 2, TailStrategy::GuardWithIf)
-        .gpu_threads(batchi);
-    key_end.update(0)
-        .split(batch, batch, batchi, 2, TailStrategy::GuardWithIf)
-        .reorder(all_keys_x, batchi, batch)
-        .gpu_blocks(batch)
-        .split(batchi, batchi_serial_outer, batchi, 2, TailStrategy::GuardWithIf)
+        .split(batchi, batchi_serial_outer, batchi, 8, TailStrategy::GuardWithIf)
         .gpu_threads(batchi);
     dot
         .split(key_in_chunk, key_in_chunk, key_in_chunki, 32, TailStrategy::RoundUp)

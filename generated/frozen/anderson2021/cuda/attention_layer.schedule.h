@@ -18,15 +18,16 @@ inline void apply_schedule_attn_attention_layer_anderson2021_cuda(
     using ::Halide::RVar;
     using ::Halide::TailStrategy;
     using ::Halide::Var;
-    Func y_1 = pipeline.get_func(46);
-    Func variance = pipeline.get_func(45);
-    Func sum_sq_dev = pipeline.get_func(44);
-    Func mean = pipeline.get_func(43);
-    Func sum = pipeline.get_func(42);
-    Func dense = pipeline.get_func(40);
-    Func projection = pipeline.get_func(39);
-    Func w_o_t = pipeline.get_func(38);
-    Func ctx = pipeline.get_func(36);
+    Func y_1 = pipeline.get_func(47);
+    Func variance = pipeline.get_func(46);
+    Func sum_sq_dev = pipeline.get_func(45);
+    Func mean = pipeline.get_func(44);
+    Func sum = pipeline.get_func(43);
+    Func dense = pipeline.get_func(41);
+    Func projection = pipeline.get_func(40);
+    Func w_o_t = pipeline.get_func(39);
+    Func ctx = pipeline.get_func(37);
+    Func block_result = pipeline.get_func(36);
     Func running = pipeline.get_func(35);
     Func block_sum = pipeline.get_func(34);
     Func block_context = pipeline.get_func(33);
@@ -100,6 +101,7 @@ inline void apply_schedule_attn_attention_layer_anderson2021_cuda(
     Var key_in_chunki_serial_outer("key_in_chunki_serial_outer");
     Var keyi_serial_outer("keyi_serial_outer");
     Var query_in_blocki_serial_outer("query_in_blocki_serial_outer");
+    Var queryi_serial_outer("queryi_serial_outer");
     Var head_dimi_serial_outer("head_dimi_serial_outer");
     Var headi_serial_outer("headi_serial_outer");
     Var seq_serial_outer("seq_serial_outer");
@@ -182,20 +184,23 @@ inline void apply_schedule_attn_attention_layer_anderson2021_cuda(
         .split(hiddeni, hiddeni_serial_outer, hiddeni, 64, TailStrategy::GuardWithIf)
         .gpu_threads(hiddeni);
     ctx
-        .split(head_dim, head_dim, head_dimi, 64, TailStrategy::RoundUp)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
-        .split(query, query, queryi, 8, TailStrategy::RoundUp)
-        .split(queryi, queryi, queryii, 8, TailStrategy::RoundUp)
+        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
+        .split(query, query, queryi, 4, TailStrategy::RoundUp)
+        .split(batch, batch, batchi, 8, TailStrategy::RoundUp)
+        .split(queryi, queryi, queryii, 2, TailStrategy::RoundUp)
+        .split(batchi, batchi, batchii, 8, TailStrategy::RoundUp)
         .unroll(queryii)
+        .unroll(batchii)
         .compute_root()
-        .reorder(queryii, head_dimi, headi, queryi, head_dim, head, query, batch)
+        .reorder(queryii, batchii, head_dimi, queryi, batchi, head_dim, head, query, batch)
+        .gpu_blocks(head_dim)
         .gpu_blocks(head)
+        .fuse(query, batch, query)
         .gpu_blocks(query)
-        .gpu_blocks(batch)
-        .split(head_dimi, head_dimi_serial_outer, head_dimi, 64, TailStrategy::GuardWithIf)
+        .split(head_dimi, head_dimi_serial_outer, head_dimi, 16, TailStrategy::GuardWithIf)
         .gpu_threads(head_dimi)
-        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
-        .gpu_threads(headi);
+        .split(queryi, queryi_serial_outer, queryi, 2, TailStrategy::GuardWithIf)
+        .gpu_threads(queryi);
     running
         .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
         .split(query_in_block, query_in_block, query_in_blocki, 2, TailStrategy::RoundUp)
@@ -420,11 +425,10 @@ inline void apply_schedule_attn_attention_layer_anderson2021_cuda(
         .split(keyi, keyi_serial_outer, keyi, 16, TailStrategy::GuardWithIf)
         .gpu_threads(keyi);
     block_scores
-        .split(key_in_chunk, key_in_chunk, key_in_chunki, 16, TailStrategy::RoundUp)
-        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::RoundUp)
-        .split(head, head, headi, 4, TailStrategy::RoundUp)
+        .split(key_in_chunk, key_in_chunk, key_in_chunki, 32, TailStrategy::RoundUp)
+        .split(batch, batch, batchi, 8, TailStrategy::RoundUp)
         .compute_root()
-        .reorder(key_in_chunki, query_in_blocki, headi, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch)
+        .reorder(key_in_chunki, batchi, key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch)
         .gpu_blocks(key_in_chunk)
         .gpu_blocks(key_chunk)
         .fuse(query_in_block, query_block, query_in_block)
@@ -432,23 +436,18 @@ inline void apply_schedule_attn_attention_layer_anderson2021_cuda(
         .fuse(query_in_block, head, query_in_block)
         .fuse(query_in_block, batch, query_in_block)
         .gpu_blocks(query_in_block)
-        .split(key_in_chunki, key_in_chunki_serial_outer, key_in_chunki, 16, TailStrategy::GuardWithIf)
+        .split(key_in_chunki, key_in_chunki_serial_outer, key_in_chunki, 32, TailStrategy::GuardWithIf)
         .gpu_threads(key_in_chunki)
-        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 16, TailStrategy::GuardWithIf)
-        .gpu_threads(query_in_blocki)
-        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
-        .gpu_threads(headi);
+        .split(batchi, batchi_serial_outer, batchi, 8, TailStrategy::GuardWithIf)
+        .gpu_threads(batchi);
     block_scores.update(0)
-        .split(query_in_block, query_in_block, query_in_blocki, 16, TailStrategy::GuardWithIf)
-        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
-        .reorder(key_in_block_x, query_in_blocki, headi, key_in_block_y, query_in_block, query_block, key_block, head, batch)
+        .split(batch, batch, batchi, 8, TailStrategy::GuardWithIf)
+        .reorder(key_in_block_x, batchi, key_in_block_y, query_in_block, query_block, key_block, head, batch)
         .gpu_blocks(batch)
         .gpu_blocks(head)
         .gpu_blocks(key_block)
-        .split(query_in_blocki, query_in_blocki_serial_outer, query_in_blocki, 16, TailStrategy::GuardWithIf)
-        .gpu_threads(query_in_blocki)
-        .split(headi, headi_serial_outer, headi, 4, TailStrategy::GuardWithIf)
-        .gpu_threads(headi);
+        .split(batchi, batchi_serial_outer, batchi, 8, TailStrategy::GuardWithIf)
+        .gpu_threads(batchi);
     dot
         .split(key_in_chunk, key_in_chunk, key_in_chunki, 32, TailStrategy::RoundUp)
         .compute_root()

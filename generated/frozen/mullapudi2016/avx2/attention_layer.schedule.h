@@ -58,8 +58,8 @@ inline void apply_schedule_attn_attention_layer_mullapudi2016_avx2(
     Func block_max = pipeline.get_func(24);
     Func block_scores = pipeline.get_func(22);
     Func block_sum = pipeline.get_func(34);
-    Func ctx = pipeline.get_func(36);
-    Func dense = pipeline.get_func(40);
+    Func ctx = pipeline.get_func(37);
+    Func dense = pipeline.get_func(41);
     Func dot = pipeline.get_func(21);
     Func k = pipeline.get_func(11);
     Func k_heads = pipeline.get_func(12);
@@ -67,21 +67,21 @@ inline void apply_schedule_attn_attention_layer_mullapudi2016_avx2(
     Func k_weight_t = pipeline.get_func(5);
     Func key_end = pipeline.get_func(9);
     Func key_is_real = pipeline.get_func(23);
-    Func mean = pipeline.get_func(43);
-    Func projection = pipeline.get_func(39);
+    Func mean = pipeline.get_func(44);
+    Func projection = pipeline.get_func(40);
     Func q_heads = pipeline.get_func(20);
     Func q_product = pipeline.get_func(18);
     Func q_weight_t = pipeline.get_func(16);
     Func running = pipeline.get_func(35);
-    Func sum = pipeline.get_func(42);
-    Func sum_sq_dev = pipeline.get_func(44);
+    Func sum = pipeline.get_func(43);
+    Func sum_sq_dev = pipeline.get_func(45);
     Func v = pipeline.get_func(30);
     Func v_heads = pipeline.get_func(31);
     Func v_product = pipeline.get_func(29);
     Func v_weight_t = pipeline.get_func(28);
-    Func variance = pipeline.get_func(45);
-    Func w_o_t = pipeline.get_func(38);
-    Func y_1 = pipeline.get_func(46);
+    Func variance = pipeline.get_func(46);
+    Func w_o_t = pipeline.get_func(39);
+    Func y_1 = pipeline.get_func(47);
 
     {
         Var head_dim = block_context.args()[0];

@@ -46,7 +46,7 @@ inline void apply_schedule_attn_attention_core_mullapudi2016_sse41(
     Func block_max = pipeline.get_func(11);
     Func block_scores = pipeline.get_func(9);
     Func block_sum = pipeline.get_func(17);
-    Func context = pipeline.get_func(20);
+    Func context = pipeline.get_func(21);
     Func dot = pipeline.get_func(6);
     Func k_heads = pipeline.get_func(2);
     Func key_end = pipeline.get_func(8);
