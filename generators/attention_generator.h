@@ -46,6 +46,10 @@ public:
     Halide::GeneratorParam<int> context_vectors = manual_parameter("context_vectors");
     Halide::GeneratorParam<int> query_block = manual_parameter("query_block");
     Halide::GeneratorParam<int> key_block = manual_parameter("key_block");
+    // The GPU schedule's own: its projections' register tiles and blocks.
+    Halide::GeneratorParam<int> gpu_thread_rows = manual_parameter("gpu_thread_rows");
+    Halide::GeneratorParam<int> gpu_col_threads = manual_parameter("gpu_col_threads");
+    Halide::GeneratorParam<int> gpu_row_threads = manual_parameter("gpu_row_threads");
 
     attn_sched::CpuTiling tiling() const {
         const attn_gen::Blocking b = blocking();
@@ -53,6 +57,12 @@ public:
         return {attn_sched::manual_parameter_for(t, "tile_rows", tile_rows),
                 attn_sched::manual_parameter_for(t, "tile_vectors", tile_vectors), b.query_block,
                 attn_sched::manual_parameter_for(t, "context_vectors", context_vectors)};
+    }
+    attn_sched::GpuTiling gpu_tiling() const {
+        const Halide::Target &t = this->get_target();
+        return {attn_sched::manual_parameter_for(t, "gpu_thread_rows", gpu_thread_rows),
+                attn_sched::manual_parameter_for(t, "gpu_col_threads", gpu_col_threads),
+                attn_sched::manual_parameter_for(t, "gpu_row_threads", gpu_row_threads)};
     }
     attn_gen::Blocking blocking() const {
         const Halide::Target &t = this->get_target();

@@ -29,12 +29,12 @@ public:
     Input<int> heads{"heads", 12, 1, 4096};
     Input<float> eps{"eps", 1e-12f};
     // Dense only:
-    GeneratorInput<Buffer<float, 3>> *kv = nullptr;                // (hidden, seq_k, batch); x for self-attention
+    GeneratorInput<Buffer<float, 3>> *kv = nullptr;                  // (hidden, seq_k, batch); x for self-attention
     GeneratorInput<Buffer<uint8_t, 2>> *key_padding_mask = nullptr;  // (key, batch) = [B, S_k]; 1 = real token
     // Packed only:
     GeneratorInput<Buffer<int32_t, 1>> *sequence_offsets = nullptr;  // [B + 1], as FlashAttention's cu_seqlens
     GeneratorInput<int> *max_length = nullptr;                       // the longest sequence, S_max
-    Output<Buffer<float, 3>> y{"y"};  // as x
+    Output<Buffer<float, 3>> y{"y"};                                 // as x
     // (key, query, head, batch); packed: [B, heads, S_max, S_max], each sequence's [L, L] at its top left.
     GeneratorOutput<Buffer<float, 4>> *probs = nullptr;
 
@@ -78,7 +78,8 @@ public:
 
         // Packed: a batch of 8 sequences of 128 tokens, on every device (packing is for batches).
         const int batch = packed ? kEstimateBatchGpu : estimate_batch();
-        const Region activation{{0, kEstimateHidden}, {0, kEstimateSeq * (packed ? batch : 1)}, {0, packed ? 1 : batch}};
+        const Region activation{
+            {0, kEstimateHidden}, {0, kEstimateSeq * (packed ? batch : 1)}, {0, packed ? 1 : batch}};
         const Region score{{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, batch}};
         x.set_estimates(activation);
         for (auto *w : {&w_q, &w_k, &w_v, &w_o}) w->set_estimates({{0, kEstimateHidden}, {0, kEstimateHidden}});
@@ -102,7 +103,7 @@ public:
         attn_sched::schedule_attention_layer_cpu(layer_, output_probs, this->tiling(), get_target());
     }
 
-    void schedule_manual_gpu() { attn_sched::schedule_attention_layer_gpu(layer_, output_probs); }
+    void schedule_manual_gpu() { attn_sched::schedule_attention_layer_gpu(layer_, output_probs, this->gpu_tiling()); }
 
 private:
     AttentionLayer layer_;

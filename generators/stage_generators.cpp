@@ -38,7 +38,7 @@ public:
 
     void schedule_manual_cpu() { attn_sched::schedule_qkv_projection_cpu(q_, k_, v_, this->tiling(), get_target()); }
 
-    void schedule_manual_gpu() { attn_sched::schedule_qkv_projection_gpu(q_, k_, v_); }
+    void schedule_manual_gpu() { attn_sched::schedule_qkv_projection_gpu(q_, k_, v_, this->gpu_tiling()); }
 
 private:
     Linear q_, k_, v_;
@@ -156,7 +156,7 @@ public:
 
     void schedule_manual_cpu() { attn_sched::schedule_output_layernorm_cpu(output_, this->tiling(), get_target()); }
 
-    void schedule_manual_gpu() { attn_sched::schedule_output_layernorm_gpu(output_); }
+    void schedule_manual_gpu() { attn_sched::schedule_output_layernorm_gpu(output_, this->gpu_tiling()); }
 
 private:
     OutputLayerNorm output_;

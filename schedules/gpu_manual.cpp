@@ -124,21 +124,16 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std:
 // A projection out(col, row, batch) = f(product(col, row, batch)), product reducing
 // Σ_k A(k, row, batch) · W_t(col, k) over `k` (innermost first), the way Halide's
 // apps/cuda_mat_mul multiplies on a GPU: no shared memory and no synchronization. Each
-// thread accumulates a kVector (columns, one float4) × kThreadRows (rows) tile in
-// registers; per step of k it loads W_t's row as one float4 and kThreadRows input values,
+// thread accumulates a kVector (columns, one float4) × t.thread_rows (rows) tile in
+// registers; per step of k it loads W_t's row as one float4 and thread_rows input values,
 // which the threads of a warp on the same rows share (broadcast loads from L1). W_t, the
 // weight with output features innermost, is transposed once per call (W is stored with
-// input features innermost). A block is 16 threads along columns by 8 along rows (4 warps).
-struct ProjectionTile {
-    static constexpr int kVector = 4;
-    static constexpr int kThreadRows = 2;
-    static constexpr int kColThreads = 16;
-    static constexpr int kRowThreadsPerBlock = 8;
-    static constexpr int kUnrollK = 8;
-};
+// input features innermost). A block is t.col_threads threads along columns by
+// t.row_threads along rows.
+constexpr int kVector = 4;
+constexpr int kUnrollK = 8;
 void gpu_projection(Func out, Func product, Func weight_t, const Var &col, VarOrRVar row, const Var &batch,
-                    const std::vector<RVar> &k) {
-    using T = ProjectionTile;
+                    const std::vector<RVar> &k, const GpuTiling &t) {
     // W_t(col, k) = W(k, col), lanes along k: the reads coalesce, and the strided writes
     // meet in L2 (a weight is 2.25 MiB at H = 768) before they reach memory.
     {
@@ -150,10 +145,10 @@ void gpu_projection(Func out, Func product, Func weight_t, const Var &col, VarOr
     VarOrRVar ro("ro", row.is_rvar), ri("ri", row.is_rvar), rt("rt", row.is_rvar), ru("ru", row.is_rvar);
     out.compute_root();
     Stage stage = out.has_update_definition() ? Stage(out.update()) : Stage(out);
-    stage.split(col, co, ci, T::kVector * T::kColThreads, kGuard)
-        .split(row, ro, ri, T::kThreadRows * T::kRowThreadsPerBlock, kGuard)
-        .split(ci, ct, cv, T::kVector)
-        .split(ri, rt, ru, T::kThreadRows)
+    stage.split(col, co, ci, kVector * t.col_threads, kGuard)
+        .split(row, ro, ri, t.thread_rows * t.row_threads, kGuard)
+        .split(ci, ct, cv, kVector)
+        .split(ri, rt, ru, t.thread_rows)
         .reorder(cv, ru, ct, rt, co, ro, batch)
         .gpu_blocks(co, ro, batch)
         .gpu_threads(ct, rt)
@@ -166,13 +161,13 @@ void gpu_projection(Func out, Func product, Func weight_t, const Var &col, VarOr
     // (packed sequences' K and V, read at data-dependent rows).
     product.compute_at(out, ct)
         .store_in(MemoryType::Register)
-        .bound_extent(product_row, T::kThreadRows)
+        .bound_extent(product_row, t.thread_rows)
         .unroll(col)
         .unroll(product_row);
     std::vector<VarOrRVar> order{col, product_row};
     RVar k_outer{"k_outer"}, k_inner{"k_inner"};
     Stage update = product.update();
-    update.split(k.front(), k_outer, k_inner, T::kUnrollK);
+    update.split(k.front(), k_outer, k_inner, kUnrollK);
     order.push_back(k_inner);
     order.push_back(k_outer);
     order.insert(order.end(), k.begin() + 1, k.end());
@@ -212,12 +207,12 @@ RowReduction warp_row_reduction(Func reduction, RVar along, const Var &row, Loop
 
 }  // namespace
 
-void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v) {
+void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const GpuTiling &t) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     // input(k, s, b) and weight_transposed(o, k) = weight(k, o): k is contiguous in both.
     for (attn_gen::Linear l : {q, k, v}) {
         const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(s);
-        gpu_projection(l.out, l.product, l.weight_transposed, o, rows, b, {l.k.x});
+        gpu_projection(l.out, l.product, l.weight_transposed, o, rows, b, {l.k.x}, t);
     }
 }
 
@@ -249,9 +244,9 @@ void schedule_weighted_sum_gpu(attn_gen::WeightedSum w) {
 }
 
 // dense = residual + bias + ctx·W_oᵀ as a GEMM, then LayerNorm a block of rows at a time.
-void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm n) {
+void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm n, const GpuTiling &t) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
-    gpu_projection(n.dense, n.projection, n.weight_transposed, o, s, b, {n.in_feature.x, n.in_feature.y});
+    gpu_projection(n.dense, n.projection, n.weight_transposed, o, s, b, {n.in_feature.x, n.in_feature.y}, t);
     Var so{"so"}, rt{"rt"}, oo{"oo"}, lane{"lane"};
     n.y.compute_root()
         .split(s, so, rt, kRowThreads, kGuard)
@@ -396,8 +391,8 @@ void schedule_key_end(Func key_end) {
 
 }  // namespace
 
-void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_output) {
-    schedule_qkv_projection_gpu(l.q, l.k, l.v);
+void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_output, const GpuTiling &t) {
+    schedule_qkv_projection_gpu(l.q, l.k, l.v, t);
     if (probs_are_output) {
         // The probabilities are an S×S output anyway: the stages' kernels, in sequence.
         schedule_attention_scores_gpu(l.scores);
@@ -418,7 +413,7 @@ void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_out
             .fuse(e, h, feature)
             .gpu_tile(feature, s, fo, so, fi, si, kLanes, kRowThreads, kGuard);
     }
-    schedule_output_layernorm_gpu(l.output);
+    schedule_output_layernorm_gpu(l.output, t);
 }
 
 void schedule_attention_core_gpu(attn_gen::FlashAttention flash, Func key_end, Func out) {

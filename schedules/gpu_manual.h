@@ -18,21 +18,32 @@
 //   memory per key block, its running state in shared memory; no S×S buffer, memory O(S).
 //
 // Checked against the reference in CI on OpenCL (PoCL), and on an NVIDIA GPU by
-// tools/gpu_machine.sh test when one is lent (the flash core above has not met one yet). Every kernel fits the shared memory of a block (manifest.json:
-// gpu_shared_memory_per_block), checked at build time where Halide bounds it and by the
-// tests' OpenCL device at run time (README, "Shared memory").
+// tools/gpu_machine.sh test when one is lent (the flash core above has not met one yet). Every kernel fits the shared
+// memory of a block (manifest.json: gpu_shared_memory_per_block), checked at build time where Halide bounds it and by
+// the tests' OpenCL device at run time (README, "Shared memory").
 #pragma once
 
 #include "../algorithm/attention_algorithm.h"
 
 namespace attn_sched {
 
-void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v);
+// The GPU schedule's own parameters: generator parameters whose defaults, ranges and searched
+// values are manifest.json's manual_parameters (device "gpu"), tuned per function on a GPU
+// by tools/gpu_autotune.py. (The flash core's query and key blocks are the algorithm's:
+// attn_gen::Blocking.)
+struct GpuTiling {
+    // A projection's register tile: each thread computes 4 output features (a float4 of the
+    // transposed weight) by thread_rows token rows; a block is col_threads × row_threads
+    // threads.
+    int thread_rows, col_threads, row_threads;
+};
+
+void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const GpuTiling &tiling);
 void schedule_attention_scores_gpu(attn_gen::Scores scores);
 void schedule_masked_softmax_gpu(attn_gen::MaskedSoftmax softmax);
 void schedule_weighted_sum_gpu(attn_gen::WeightedSum context);
-void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm output);
-void schedule_attention_layer_gpu(attn_gen::AttentionLayer layer, bool probs_are_output);
+void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm output, const GpuTiling &tiling);
+void schedule_attention_layer_gpu(attn_gen::AttentionLayer layer, bool probs_are_output, const GpuTiling &tiling);
 // The attention core alone: the flash core, key_end (each batch's last real key) and `out`,
 // the generator's copy of its context.
 void schedule_attention_core_gpu(attn_gen::FlashAttention flash, Halide::Func key_end, Halide::Func out);

@@ -105,7 +105,7 @@ def sources_hash():
 
 
 def manual_candidates(function):
-    names = MANIFEST.function(function)["manual_parameters"]
+    names = MANIFEST.tuning_parameters(function)
     axes = []
     if "tile_rows" in names and "tile_vectors" in names:
         axes.append([{"tile_rows": r, "tile_vectors": v} for r, v in REGISTER_TILES])

@@ -85,6 +85,13 @@ class Manifest:
             for p in f["manual_parameters"]:
                 if p not in self.manual_parameters:
                     raise ValueError(f"manifest.json: {f['name']}: unknown manual parameter {p!r}")
+        for name, p in self.manual_parameters.items():
+            if p.get("device", "all") not in ("all", "gpu"):
+                raise ValueError(f"manifest.json: manual parameter {name}: device {p['device']!r} is not all or gpu")
+            for key in ("search", "gpu_search"):
+                if any(not p["min"] <= v <= p["max"] for v in p.get(key, [])):
+                    raise ValueError(f"manifest.json: manual parameter {name}: a {key} value is outside "
+                                     f"[{p['min']}, {p['max']}]")
 
     def function(self, name):
         return self.functions[name]
@@ -187,8 +194,19 @@ class Manifest:
         isas = [self.isas[i].get("frozen_schedules_of", i) for s, i in self.variants("frozen") if s == source]
         return list(dict.fromkeys(isas))
 
-    def manual_defaults(self):
-        return {name: p["default"] for name, p in self.manual_parameters.items()}
+    def manual_defaults(self, gpu=False):
+        """Each hand-written parameter's default on a CPU, or on a GPU (its gpu_default)."""
+        return {name: p.get("gpu_default", p["default"]) if gpu else p["default"]
+                for name, p in self.manual_parameters.items()}
+
+    def tuning_parameters(self, function, gpu=False):
+        """The hand-written parameters a schedule of the function reads on a CPU, or on a GPU:
+        those of the GPU schedule are the GPU-only ones (device "gpu") and those with GPU
+        values to search (gpu_search); the CPU schedule reads every other."""
+        def on_gpu(p):
+            return p.get("device") == "gpu" or "gpu_search" in p
+        return [n for n in self.functions[function]["manual_parameters"]
+                if (on_gpu(self.manual_parameters[n]) if gpu else self.manual_parameters[n].get("device") != "gpu")]
 
     def hand_written(self, isa):
         """The ISA's hand-written schedule source (the fallback of its other variants), or None."""
