@@ -70,11 +70,16 @@ from manifest import TUNED  # noqa: E402
 
 # The hand-written parameters and the values searched (manifest.json: manual_parameters,
 # each parameter's one home): a parameter's "search" list, and register tiles of
-# tile_rows × tile_vectors from 4 to 15 accumulators (at most 15 of the 16 vector registers).
+# tile_rows × tile_vectors from 4 accumulators to all but one of the ISA's vector registers
+# (manifest.json: vector_registers; 15 of SSE's and AVX2's 16, 31 of AVX-512's 32).
 MANUAL_VALUES = {name: p["search"] for name, p in MANIFEST.manual_parameters.items() if "search" in p}
 TILE_ROWS, TILE_VECTORS = (range(MANIFEST.manual_parameters[n]["min"], MANIFEST.manual_parameters[n]["max"] + 1)
                            for n in ("tile_rows", "tile_vectors"))
-REGISTER_TILES = [(r, v) for r in TILE_ROWS for v in TILE_VECTORS if 4 <= r * v <= 15]
+
+
+def register_tiles(isa):
+    registers = MANIFEST.isas[isa]["vector_registers"]
+    return [(r, v) for r in TILE_ROWS for v in TILE_VECTORS if 4 <= r * v <= registers - 1]
 
 # Autoscheduler sweeps (manifest name: {param: values}); the manifest's own value of a
 # parameter, where it sets one, is put first: that candidate is the frozen variant's.
@@ -104,11 +109,11 @@ def sources_hash():
     return h.hexdigest()[:16]
 
 
-def manual_candidates(function):
+def manual_candidates(function, isa):
     names = MANIFEST.tuning_parameters(function)
     axes = []
     if "tile_rows" in names and "tile_vectors" in names:
-        axes.append([{"tile_rows": r, "tile_vectors": v} for r, v in REGISTER_TILES])
+        axes.append([{"tile_rows": r, "tile_vectors": v} for r, v in register_tiles(isa)])
     elif "tile_rows" in names:
         axes.append([{"tile_rows": r} for r in TILE_ROWS])
     for name in MANUAL_VALUES:
@@ -141,7 +146,7 @@ def autoscheduler_candidates(source, function, isa):
 
 def search_space(function, isa, seed):
     """The candidates in search order, and the key of each schedule source's default."""
-    groups = [manual_candidates(function)] + [autoscheduler_candidates(s, function, isa) for s in SWEEPS]
+    groups = [manual_candidates(function, isa)] + [autoscheduler_candidates(s, function, isa) for s in SWEEPS]
     defaults = [g[0] for g in groups]
     rest = [c for g in groups for c in g[1:]]
     random.Random(seed).shuffle(rest)

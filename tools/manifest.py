@@ -85,6 +85,9 @@ class Manifest:
             for p in f["manual_parameters"]:
                 if p not in self.manual_parameters:
                     raise ValueError(f"manifest.json: {f['name']}: unknown manual parameter {p!r}")
+        for name, isa in self.isas.items():
+            if isa["device"] == "cpu" and not isinstance(isa.get("vector_registers"), int):
+                raise ValueError(f"manifest.json: CPU ISA {name} needs vector_registers (the register tiles' bound)")
         for name, p in self.manual_parameters.items():
             if p.get("device", "all") not in ("all", "gpu"):
                 raise ValueError(f"manifest.json: manual parameter {name}: device {p['device']!r} is not all or gpu")
