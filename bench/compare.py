@@ -162,9 +162,10 @@ def main():
     parser.add_argument("--filter", default=".", help="regex on <function>/<implementation>/<problem>")
     parser.add_argument("--exclude", default=DEFAULT_EXCLUDE, help="regex of cases left out (default: the "
                         "autoscheduled variants at S >= 4096, which take up to a minute per call)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+    parser.add_argument("--device", choices=["cpu", "cuda", "opencl"], default="cpu",
                         help="cpu: the CPU variants, OpenBLAS, PyTorch and ONNX Runtime; cuda: the CUDA variants "
-                             "and the PyTorch CUDA peers")
+                             "and the PyTorch CUDA peers; opencl: OpenCL candidates alone (tools/gpu_autotune.py "
+                             "rehearsing on PoCL)")
     parser.add_argument("--threads", type=thread_counts, default=[os.cpu_count()],
                         help="CPU threads of every implementation: our kernels (attn::set_num_threads), OpenBLAS, "
                              "PyTorch, ONNX Runtime (default: one per core). Several, comma-separated (1,2): the "
@@ -185,10 +186,10 @@ def main():
     workers = {n: Worker(args.bench, args.candidate, n) for n in counts}
     suffix = {n: f"@{n}t" if len(counts) > 1 else "" for n in counts}
     listing = next(iter(workers.values())).ask("list")
-    on_device = re.compile(r"_cuda/" if args.device == "cuda" else r"^(?!.*_cuda/)")
+    on_device = re.compile(rf"_{args.device}/" if args.device != "cpu" else r"^(?!.*_(cuda|opencl)/)")
     cases = [c for c in listing["cases"] if on_device.search(c["name"]) and wanted(c["name"])]
     makers = (peer_lib.cuda_peers() if args.device == "cuda" else
-              peer_lib.cpu_peers(counts[0]) if len(counts) == 1 else [])
+              peer_lib.cpu_peers(counts[0]) if args.device == "cpu" and len(counts) == 1 else [])
     if len(counts) > 1:
         print("compare: several thread counts: the Python peers are left out", file=sys.stderr)
     peers, versions = [], {}

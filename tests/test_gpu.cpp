@@ -11,7 +11,9 @@
 #include <HalideBuffer.h>
 #include <HalideRuntimeCuda.h>
 
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 namespace attn::testing {
 namespace {
@@ -171,6 +173,27 @@ TEST(Gpu, OpenCLLaunchesGetOnlyTheSharedMemoryOfAGpuBlock) {
                   << " bytes of shared memory per block, of " << limit << "\n";
     }
     if (!ran) GTEST_SKIP() << why_no_gpu_variant_ran();
+}
+
+// Halide's CUDA runtime JIT-compiles the kernels capped at 64 registers a thread unless
+// HL_CUDA_JIT_MAX_REGISTERS says otherwise; the runtime sets manifest.json's
+// gpu_max_registers, the cap tools/gpu_kernels.py checks the kernels at, unless the caller
+// set one first.
+TEST(Gpu, CudaKernelsGetTheManifestsRegisterCap) {
+    const std::vector<VariantInfo> cuda = gpu_variants("cuda");
+    if (cuda.empty() || !cuda.front().runnable) {
+        GTEST_SKIP() << "no CUDA device here" << (cuda.empty() ? "" : ": " + cuda.front().not_runnable_reason);
+    }
+    const char *before = std::getenv("HL_CUDA_JIT_MAX_REGISTERS");
+    const std::string callers = before ? before : "";
+    const LayerData data(small_gpu_problem());
+    const Problem &p = data.problem;
+    const Attention layer(p.config(), data.weights(), cuda.front().name);
+    GuardedOutput y({p.batch, p.s_q, p.hidden});
+    layer.forward(data.inputs(), y.view());
+    const char *now = std::getenv("HL_CUDA_JIT_MAX_REGISTERS");
+    ASSERT_NE(now, nullptr);
+    EXPECT_EQ(std::string(now), before ? callers : std::to_string(manifest::kGpuMaxRegisters));
 }
 
 // CUDA device memory in place: inputs and output on the device, the call queued,

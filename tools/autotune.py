@@ -202,28 +202,11 @@ class Tuner:
         if missing:
             record.update(status="compile_failed", message=f"{source} does not provide {', '.join(missing)} "
                                                            "(manifest.json: not_provided)")
-        objects = []
-        for function in self.functions if not missing else []:
-            symbol = f"attn_{function}_{key}"
-            cmd = [str(self.generator_exe), "-g", self.generator, "-f", symbol, "-o", str(folder), "-e",
-                   "object,c_header" + (",schedule" if source != "manual" else ""),
-                   f"target={self.target}-no_runtime",
-                   *([] if source == "manual" else ["-p", str(self.plugins / MANIFEST.plugin(source))]),
-                   *MANIFEST.generator_params(function, source, params, autoscheduler_run=source != "manual")]
-            try:
-                result = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.compile_timeout)
-            except subprocess.TimeoutExpired:
-                record.update(status="compile_timeout", message=f"{function}: over {self.args.compile_timeout} s")
-                break
-            if result.returncode != 0:
-                record.update(status="compile_failed", message=f"{function}: " + result.stderr.strip()[-500:])
-                break
-            objects.append(str(folder / f"{symbol}.o"))
-        if len(objects) == len(self.functions):
-            link = subprocess.run(["c++", "-shared", "-o", str(folder / "candidate.so"), *objects],
-                                  capture_output=True, text=True)
-            ok = link.returncode == 0
-            record.update(status="compiled" if ok else "link_failed", message=link.stderr[-500:])
+        else:
+            status, message = compile_candidate(self.generator_exe, self.plugins, self.generator, self.target,
+                                                self.functions, source, params, key, folder / "candidate.so",
+                                                self.args.compile_timeout)
+            record.update(status=status, message=message)
         record["compile_seconds"] = round(time.time() - start, 1)
         record_path.write_text(json.dumps(record, indent=1))
         return record
@@ -363,31 +346,64 @@ class Tuner:
         return winner, vs, fastest, provenance
 
     def freeze(self, won):
-        """Writes every function the tuned generator's parameters serve (manifest.py,
-        functions_tuned_with): one entry per class, or one for
-        several classes whose winners are the same parameters. `won`: (class, winner, provenance)."""
-        entries = []
-        for shape_class, winner, provenance in won:
-            same = next((e for e in entries if e["winner"]["params"] == winner["params"]), None)
-            if same:
-                same["shape_classes"].append(shape_class)
-                same["provenance"] = {**same["provenance"], "also": same["provenance"].get("also", []) + [provenance]}
-            else:
-                entries.append({"shape_classes": [shape_class],
-                                "winner": {"source": winner["source"], "params": winner["params"]},
-                                "provenance": provenance})
-        TUNED.joinpath(self.args.isa).mkdir(parents=True, exist_ok=True)
-        for function in MANIFEST.functions_tuned_with(self.generator):
-            uses = MANIFEST.function(function)["manual_parameters"]
-            winners = [(e["shape_classes"], {k: v for k, v in e["winner"]["params"].items() if k in uses})
-                       for e in entries]
-            path = TUNED / self.args.isa / f"{function}.json"
-            path.write_text(MANIFEST.tuned_text(function, winners))
-            provenance = [{"shape_classes": e["shape_classes"], "winner": e["winner"], "provenance": e["provenance"]}
-                          for e in entries]
-            path.with_suffix(".provenance.json").write_text(
-                json.dumps({"function": function, "classes": provenance}, indent=1) + "\n")
-            print(f"froze {path.relative_to(ROOT)}: " + "; ".join(f"{'+'.join(c)}: {p}" for c, p in winners))
+        freeze_winners(self.args.isa, self.generator, won)
+
+
+def compile_candidate(generator_exe, plugins, generator, target, functions, source, params, suffix, library,
+                      timeout):
+    """Compiles the functions attn_<function>_<suffix> of one candidate (`source` with `params`)
+    for `target` (without a Halide runtime: it binds to the harness's) and links them into
+    `library`; returns (status, message): compiled, compile_failed, compile_timeout or link_failed."""
+    folder = pathlib.Path(library).parent
+    objects = []
+    for function in functions:
+        symbol = f"attn_{function}_{suffix}"
+        cmd = [str(generator_exe), "-g", generator, "-f", symbol, "-o", str(folder), "-e",
+               "object,c_header" + (",schedule" if source != "manual" else ""), f"target={target}-no_runtime",
+               *([] if source == "manual" else ["-p", str(pathlib.Path(plugins) / MANIFEST.plugin(source))]),
+               *MANIFEST.generator_params(function, source, params, autoscheduler_run=source != "manual")]
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "compile_timeout", f"{function}: over {timeout} s"
+        if result.returncode != 0:
+            return "compile_failed", f"{function}: " + result.stderr.strip()[-500:]
+        objects.append(str(folder / f"{symbol}.o"))
+    link = subprocess.run(["c++", "-shared", "-o", str(library), *objects], capture_output=True, text=True)
+    return ("compiled", "") if link.returncode == 0 else ("link_failed", link.stderr[-500:])
+
+
+def freeze_winners(isa, generator, won, tuned_root=TUNED):
+    """Writes every function the tuned generator's parameters serve (manifest.py,
+    functions_tuned_with) under tuned_root/<isa>/: one entry per class, or one for several
+    classes whose winners are the same parameters. `won`: (class, winner, provenance), a
+    winner being a record with its source and params. Returns the paths written."""
+    entries = []
+    for shape_class, winner, provenance in won:
+        same = next((e for e in entries if e["winner"]["params"] == winner["params"]), None)
+        if same:
+            same["shape_classes"].append(shape_class)
+            same["provenance"] = {**same["provenance"], "also": same["provenance"].get("also", []) + [provenance]}
+        else:
+            entries.append({"shape_classes": [shape_class],
+                            "winner": {"source": winner["source"], "params": winner["params"]},
+                            "provenance": provenance})
+    tuned_root.joinpath(isa).mkdir(parents=True, exist_ok=True)
+    written = []
+    for function in MANIFEST.functions_tuned_with(generator):
+        uses = MANIFEST.function(function)["manual_parameters"]
+        winners = [(e["shape_classes"], {k: v for k, v in e["winner"]["params"].items() if k in uses})
+                   for e in entries]
+        path = tuned_root / isa / f"{function}.json"
+        path.write_text(MANIFEST.tuned_text(function, winners))
+        provenance = [{"shape_classes": e["shape_classes"], "winner": e["winner"], "provenance": e["provenance"]}
+                      for e in entries]
+        path.with_suffix(".provenance.json").write_text(
+            json.dumps({"function": function, "classes": provenance}, indent=1) + "\n")
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        print(f"froze {shown}: " + "; ".join(f"{'+'.join(c)}: {p}" for c, p in winners))
+        written.append(path)
+    return written
 
 
 def cpu_model():

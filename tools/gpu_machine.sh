@@ -19,6 +19,15 @@
 #   tools/gpu_machine.sh python        there: the Python package on CUDA tensors against torch
 #                                      and timed beside it (tools/gpu_python_check.py), if
 #                                      that machine's python3 is the version it was built for
+#   tools/gpu_machine.sh bundles       here: the GPU autotuner's candidates (tools/gpu_autotune.py
+#                                      bundle) for every function of the cuda ISA, compiled and
+#                                      assembled, packed as build/gpu-tune/cuda/<function>.tar.xz
+#                                      (carry build/gpu-tune beside the archive above)
+#   tools/gpu_machine.sh tune FUNCTION...  there: each function's candidates checked and timed
+#                                      (tools/gpu_autotune.py measure): generated/results/gpu/tune/;
+#                                      back here, tools/gpu_machine.sh freeze makes autotuned_cuda
+#   tools/gpu_machine.sh freeze        here: every measured function's winners frozen
+#                                      (tools/gpu_autotune.py freeze) into generated/tuned/cuda/
 #   tools/gpu_machine.sh campaign      here: the steps a session lent a GPU runs, in order,
 #                                      each one command of the device tool (run them first)
 #   tools/gpu_machine.sh bench PART    there: the interleaved comparison, PART one of
@@ -48,16 +57,19 @@ has_avx512() { grep -qw avx512f /proc/cpuinfo; }
 # The campaign, in order: "command|minutes at most|what it gives". The 2026-11-23 run took
 # under a minute per test scope and one to two per comparison at --min-time 0.05; these
 # give each step room (a device call stops at 10 minutes) and together need under 40.
+# Between the tuning and the comparisons, here: tools/gpu_machine.sh freeze, then pack again
+# (the build then has autotuned_cuda), carrying the new archive to the steps after.
 campaign=(
   "machine|1|the GPU, driver and host CPU: machine.txt"
-  "test cuda|4|every CUDA variant against the reference: tests-cuda.log"
-  "test avx512|3|every AVX-512 variant on the host CPU (skipped without AVX-512): tests-avx512.log"
+  "test cuda|3|every CUDA variant against the reference: tests-cuda.log"
+  "tune attention_layer|8|the fused layer's candidates checked and timed: tune/attention_layer/"
+  "tune qkv_projection attention_scores masked_softmax weighted_sum output_layernorm|4|the stages' candidates: tune/<function>/"
+  "bench layer-short --rounds 7 --min-time 0.1|4|(after freeze and pack here) the fused layer at S <= 512 beside PyTorch eager, SDPA and the cuBLAS roofline"
+  "bench layer-long --rounds 7 --min-time 0.1|4|the fused layer at S = 2048 to 8192"
+  "bench core --rounds 7 --min-time 0.1|3|the attention core beside SDPA, every length"
   "python|2|the Python package on CUDA tensors, checked and timed beside torch: python.log"
-  "bench layer-short --rounds 7 --min-time 0.2|6|the fused layer at S <= 512 beside PyTorch eager, SDPA and the cuBLAS roofline"
-  "bench layer-long --rounds 7 --min-time 0.2|6|the fused layer at S = 2048 to 8192"
-  "bench stages --rounds 7 --min-time 0.1|6|each stage alone"
-  "bench core --rounds 7 --min-time 0.2|5|the attention core beside SDPA, every length"
-  "bench cpu --rounds 7 --min-time 0.2|6|the AVX-512 variants beside AVX2, OpenBLAS, PyTorch and ONNX Runtime on every host thread"
+  "test avx512|3|every AVX-512 variant on the host CPU (skipped without AVX-512): tests-avx512.log"
+  "bench cpu --rounds 7 --min-time 0.2|5|the AVX-512 variants beside AVX2, OpenBLAS, PyTorch and ONNX Runtime on every host thread"
 )
 
 # OpenBLAS 0.3.21 does not know the newest CPUs (Sapphire Rapids) and falls back to its
@@ -104,16 +116,39 @@ pack)
   du -h build/gpu-carry.tar.xz
   exit
   ;;
+bundles)
+  source tools/setup.sh
+  cmake --preset release >/dev/null
+  cmake --build --preset release --target attn_generators
+  for function in $(python3 tools/gpu_autotune.py families --isa cuda); do
+    # The fused layer's space (96) is sampled: each candidate's CUDA module is JIT-compiled
+    # there at its first launch, and the tuning step has 10 minutes.
+    limit=0; [[ "$function" == attention_layer ]] && limit=32
+    python3 tools/gpu_autotune.py bundle --isa cuda --function "$function" --max-candidates "$limit" \
+      --generator build/release/attn_generators --out "build/gpu-tune/cuda/$function"
+  done
+  du -ch build/gpu-tune/cuda/*.tar.xz | tail -1
+  exit
+  ;;
+freeze)
+  source tools/setup.sh
+  for results in "$out"/tune/*/measured.json; do
+    function=$(basename "$(dirname "$results")")
+    python3 tools/gpu_autotune.py freeze --bundle "build/gpu-tune/cuda/$function" --results "$(dirname "$results")"
+  done
+  exit
+  ;;
 campaign)
   total=0
   echo "The GPU campaign, in order: each line one command of the device tool, in the repository root,"
-  echo "carrying build/gpu-carry.tar.xz (tools/gpu_machine.sh pack, here, first):"
+  echo "carrying build/gpu-carry.tar.xz and build/gpu-tune (tools/gpu_machine.sh pack and bundles, here, first):"
   for step in "${campaign[@]}"; do
     IFS='|' read -r command minutes what <<< "$step"
     total=$((total + minutes))
     printf '  tools/gpu_machine.sh %-48s # <= %d min: %s\n' "$command" "$minutes" "$what"
   done
-  echo "at most $total minutes of device time; then commit $out (machine.txt names the GPU, driver and CPU)"
+  echo "at most $total minutes of device time; between the tune and bench steps, here: tools/gpu_machine.sh freeze,"
+  echo "tools/gpu_machine.sh pack (the build now has autotuned_cuda); then commit $out and generated/tuned/cuda"
   exit
   ;;
 machine)
@@ -155,6 +190,19 @@ python)
   PYTHONPATH="$carry/python" python3 tools/gpu_python_check.py "$@" 2>&1 | tee "$out/python.log"
   exit "${PIPESTATUS[0]}"
   ;;
+tune)
+  # Each function's bundle (tools/gpu_machine.sh bundles, carried), unpacked and measured.
+  export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  (($#)) || { echo "usage: tools/gpu_machine.sh [--out DIR] tune FUNCTION..." >&2; exit 2; }
+  for function in "$@"; do
+    archive="build/gpu-tune/cuda/$function.tar.xz"
+    [[ -f "$archive" ]] || { echo "tune: no $archive (tools/gpu_machine.sh bundles here, then carry build/gpu-tune)" >&2; exit 1; }
+    rm -rf "build/gpu-tune/there/$function" && mkdir -p build/gpu-tune/there
+    tar -C build/gpu-tune/there -xJf "$archive"
+    python3 tools/gpu_autotune.py measure --bundle "build/gpu-tune/there/$function" --bench "$carry/attn_bench" \
+      --out "$out/tune/$function"
+  done
+  ;;
 bench)
   export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   openblas_kernels
@@ -176,7 +224,7 @@ bench)
   esac
   ;;
 *)
-  echo "usage: tools/gpu_machine.sh [--out DIR] pack|campaign|machine|test|python|bench PART" >&2
+  echo "usage: tools/gpu_machine.sh [--out DIR] pack|bundles|campaign|machine|test|tune FUNCTION...|python|bench PART|freeze" >&2
   exit 2
   ;;
 esac

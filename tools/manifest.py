@@ -204,11 +204,14 @@ class Manifest:
 
     def tuning_parameters(self, function, gpu=False):
         """The hand-written parameters a schedule of the function reads on a CPU, or on a GPU:
-        those of the GPU schedule are the GPU-only ones (device "gpu") and those with GPU
-        values to search (gpu_search); the CPU schedule reads every other."""
+        the GPU schedule reads the GPU-only ones (device "gpu"), and those with GPU values to
+        search (gpu_search: the query and key blocks) where it runs the flash core, in the
+        functions with a key_block; the CPU schedule reads every other."""
+        uses = self.functions[function]["manual_parameters"]
+
         def on_gpu(p):
-            return p.get("device") == "gpu" or "gpu_search" in p
-        return [n for n in self.functions[function]["manual_parameters"]
+            return p.get("device") == "gpu" or ("gpu_search" in p and "key_block" in uses)
+        return [n for n in uses
                 if (on_gpu(self.manual_parameters[n]) if gpu else self.manual_parameters[n].get("device") != "gpu")]
 
     def hand_written(self, isa):

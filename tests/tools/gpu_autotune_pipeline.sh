@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU autotuner's whole path (tools/gpu_autotune.py), rehearsed where there is no GPU:
+#  - OpenCL on PoCL: a two-candidate bundle of qkv_projection is compiled and packed, each
+#    candidate checked against the reference and timed by bench/compare.py, and the winner
+#    frozen with its provenance (into a scratch folder, not generated/tuned);
+#  - CUDA: a bundle's candidates are assembled by ptxas (registers recorded), and the measure
+#    step refuses to run without a GPU, saying so.
+# Usage: gpu_autotune_pipeline.sh PYTHON ATTN_BENCH ATTN_GENERATORS WORK_DIR
+# (PYTHON: the project's .venv, which has NumPy and tqdm)
+set -euo pipefail
+python="$1" bench="$2" generators="$3" work="$4"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+tool="$root/tools/gpu_autotune.py"
+rm -rf "$work" && mkdir -p "$work"
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$python" "$tool" bundle --isa opencl --function qkv_projection --shape-classes short --problems b1_s128_h384_n12 \
+  --max-candidates 2 --generator "$generators" --out "$work/opencl/qkv_projection"
+[[ -f "$work/opencl/qkv_projection.tar.xz" ]] || fail "no packed bundle"
+compiled=$("$python" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(sum(c["status"] == "compiled" for c in d["candidates"]))' \
+  "$work/opencl/qkv_projection/bundle.json")
+[[ "$compiled" == 2 ]] || fail "expected 2 compiled candidates, got $compiled"
+
+# What a GPU machine gets: the archive alone, unpacked elsewhere.
+mkdir -p "$work/there" && tar -C "$work/there" -xJf "$work/opencl/qkv_projection.tar.xz"
+"$python" "$tool" measure --bundle "$work/there/qkv_projection" --bench "$bench" --out "$work/results" \
+  --rounds 5 --min-time 0.01
+"$python" "$tool" freeze --bundle "$work/opencl/qkv_projection" --results "$work/results" --tuned-dir "$work/tuned"
+"$python" - "$work/tuned/opencl" <<'PY'
+import json, pathlib, sys
+folder = pathlib.Path(sys.argv[1])
+tuned = json.loads((folder / "qkv_projection.json").read_text())
+provenance = json.loads((folder / "qkv_projection.provenance.json").read_text())
+[entry] = tuned["classes"]
+assert entry["shape_classes"] == ["short"], entry
+assert set(entry["params"]) == {"gpu_thread_rows", "gpu_col_threads", "gpu_row_threads"}, entry
+p = provenance["classes"][0]["provenance"]
+assert p["machine"]["device"] == "opencl" and p["candidates_timed"] == 2, p
+timed = [c for c in p["candidates"] if "median_ms" in c]
+assert len(timed) == 2 and all(c["median_ms"]["b1_s128_h384_n12"] > 0 for c in timed), timed
+assert entry["params"] in [c["params"] for c in timed], "the winner is not a timed candidate"
+print(f"frozen: {entry['params']}, {p['winner_time_over_default']} of the default's time")
+PY
+
+# CUDA: compiled and assembled here; timed only where a GPU is.
+if ! command -v ptxas >/dev/null && [[ ! -x /usr/local/cuda/bin/ptxas ]]; then
+  echo "gpu autotune pipeline: ok on OpenCL; the CUDA part skipped: no ptxas (the CUDA toolkit) here"
+  exit 0
+fi
+"$python" "$tool" bundle --isa cuda --function masked_softmax --shape-classes short --problems b1_s128_h384_n12 \
+  --generator "$generators" --out "$work/cuda/masked_softmax"
+"$python" -c 'import json, sys; [c] = json.load(open(sys.argv[1]))["candidates"]; assert c["status"] == "compiled" and c["registers"] > 0, c' \
+  "$work/cuda/masked_softmax/bundle.json" || fail "the CUDA candidate was not assembled"
+if command -v nvidia-smi >/dev/null && nvidia-smi >/dev/null 2>&1; then
+  echo "a GPU is here: the CUDA measure step is the campaign's (tools/gpu_machine.sh tune)"
+else
+  out=$("$python" "$tool" measure --bundle "$work/cuda/masked_softmax" --bench "$bench" --out "$work/cuda-results" 2>&1) &&
+    fail "measure ran without a GPU"
+  echo "$out" | grep -q "no NVIDIA GPU" || fail "measure without a GPU did not say why: $out"
+fi
+echo "gpu autotune pipeline: ok"
