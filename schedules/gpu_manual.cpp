@@ -338,11 +338,13 @@ void schedule_flash_core(attn_gen::FlashAttention f) {
         .vectorize(vector_lane)
         .unroll(kl)
         .unroll(kc);
-    // The K slice and the V tile, staged by the whole block: lanes along the head dimension
-    // where global memory is contiguous for V (coalesced loads, conflict-free stores), along
-    // the keys for K, whose tile keeps keys innermost so that a thread's vector of 4 keys
-    // is one load. One-dimensional, as every thread loop of this kernel: in a
-    // two-dimensional block, Halide 21 runs a one-dimensional loop on every row of threads.
+    // The K slice and the V tile, staged by the whole block. V: lanes along the head
+    // dimension, where global memory is contiguous (coalesced loads, conflict-free stores).
+    // K: lanes along the keys, so that its tile keeps keys innermost and a thread's vector of
+    // 4 keys is one shared load; its global reads are then a row per lane, each row's slice
+    // (256 contiguous bytes) read over successive loads through L1. One-dimensional, as every
+    // thread loop of this kernel: in a two-dimensional block, Halide 21 runs a
+    // one-dimensional loop on every row of threads.
     Func keys = f.keys.in(slice_dot), values = f.values.in(f.block_context);
     keys.compute_at(slice_step).store_in(MemoryType::GPUShared).bound_extent(e, kFeaturesPerBlock);
     keys.split(j, lane_outer, thread_lane, kLanes, kGuard).reorder(thread_lane, e, lane_outer).gpu_threads(thread_lane);

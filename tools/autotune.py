@@ -94,6 +94,13 @@ SWEEPS = {
 CHECK_PROBLEM = "b1_s128_h384_n12"
 
 
+def tuning_problems(function, shape_class):
+    """The class's tuning problems the function runs: the packed ones only where it has a
+    packed twin (the stages take no packed sequences)."""
+    twin = MANIFEST.packed_twin(function)
+    return [p for p in MANIFEST.shape_classes[shape_class]["tuning_problems"] if twin or not is_packed(p)]
+
+
 def is_packed(problem):
     """Packed problems (problems/problem.cpp names them *_varlen) run through forward_packed."""
     return problem.endswith("_varlen")
@@ -455,7 +462,7 @@ def main():
     won = []
     for shape_class in args.shape_classes:
         started = time.time()
-        problems = args.problems or classes[shape_class]["tuning_problems"]
+        problems = args.problems or tuning_problems(args.function, shape_class)
         budget = args.budget_minutes / len(args.shape_classes)
         tuner.from_cache = 0
         space, results = tuner.run(shape_class, problems, budget)
