@@ -14,15 +14,24 @@ const float kLowest = std::numeric_limits<float>::lowest();
 
 // An index a tile may run past, clamped to the last valid one (see the header).
 Expr last(Expr i, Expr extent) { return min(i, extent - 1); }
+
+// weight_t(out, in) = W[out, in] from a weight in `layout`, `features` outputs.
+void define_weight_transposed(Func weight_t, Func weight, WeightLayout layout, Expr features) {
+    const Var &out = dims.hidden;
+    Var in_feature{"in_feature"};
+    weight_t(out, in_feature) = layout == WeightLayout::transposed ? weight(last(out, features), in_feature)
+                                                                   : weight(in_feature, last(out, features));
+}
 }  // namespace
 
-Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr features, Expr tokens, Func rows) {
+Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr features, Expr tokens, Func rows,
+              WeightLayout layout) {
     const Var &out = dims.hidden, &s = dims.seq, &b = dims.batch;
-    Var in_feature{"in_feature"};
     Linear l;
     l.input = in;
     l.weight_transposed = Func{name + "_weight_t"};
-    l.weight_transposed(out, in_feature) = weight(in_feature, last(out, features));
+    l.weight_layout = layout;
+    define_weight_transposed(l.weight_transposed, weight, layout, features);
     l.k = RDom(0, features, name + "_k");
     l.product = Func{name + "_product"};
     l.product(out, s, b) = 0.0f;
@@ -96,13 +105,13 @@ WeightedSum weighted_sum(Func probs, Func v_heads, Expr head_dim, Expr s_q, Expr
 }
 
 OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b_o, Func gamma, Func beta, Expr eps,
-                                 Expr head_dim, Expr heads, Expr hidden, Expr tokens) {
+                                 Expr head_dim, Expr heads, Expr hidden, Expr tokens, WeightLayout layout) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
-    Var in_feature{"in_feature"};
     OutputLayerNorm n;
     n.context_heads = ctx_heads;
     n.weight_transposed = Func{"w_o_t"};
-    n.weight_transposed(o, in_feature) = w_o(in_feature, last(o, hidden));
+    n.weight_layout = layout;
+    define_weight_transposed(n.weight_transposed, w_o, layout, hidden);
     n.in_feature = RDom(0, head_dim, 0, heads, "in_feature");
     const RVar &e = n.in_feature.x, &h = n.in_feature.y;
     n.projection = Func{"projection"};
@@ -267,15 +276,15 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     // The rows the projections see: each batch's sequence, or every token row of packed sequences.
     Expr q_rows = packed ? in.tokens : in.s_q, kv_rows_all = packed ? in.tokens : in.s_k;
     AttentionLayer l;
-    l.q = linear("q", in.x, in.w_q, in.b_q, in.hidden, q_rows);
+    l.q = linear("q", in.x, in.w_q, in.b_q, in.hidden, q_rows, Func(), in.weight_layout);
     Func kv_rows{"kv_rows"};  // the flash core reads K and V up to the chunk holding each batch's last real key
     if (!in.output_probs && !packed) {
         l.key_end = last_real_key(in.key_padding_mask, in.s_k);
         const int C = in.blocking.key_chunk;
         kv_rows(dims.batch) = min((l.key_end(dims.batch) + C - 1) / C * C, in.s_k);
     }
-    l.k = linear("k", in.kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows);
-    l.v = linear("v", in.kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows);
+    l.k = linear("k", in.kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows, in.weight_layout);
+    l.v = linear("v", in.kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows, in.weight_layout);
     l.q_heads = split_heads("q_heads", l.q.out, head_dim);
     l.k_heads = split_heads("k_heads", l.k.out, head_dim);
     l.v_heads = split_heads("v_heads", l.v.out, head_dim);
@@ -309,7 +318,8 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         ctx = l.packed.ctx;
     }
     l.output =
-        output_layernorm(ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps, head_dim, in.heads, in.hidden, q_rows);
+        output_layernorm(ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps, head_dim, in.heads, in.hidden, q_rows,
+                         in.weight_layout);
     return l;
 }
 

@@ -35,6 +35,12 @@ struct Dims {
     Halide::Var key_block{"key_block"}, key_chunk{"key_chunk"}, key_in_chunk{"key_in_chunk"};
 };
 
+// How a weight arrives: as nn.Linear's [out, in], (in, out) in Halide's order; or prepared
+// once by its caller as the transpose, [in, out] = (out, in), the layout a GPU's kernels
+// read, so that no call transposes it again (the runtime's Attention prepares it for a
+// GPU variant's fused layer: runtime/src/pipeline_call.cpp, DeviceWeights).
+enum class WeightLayout { linear, transposed };
+
 // y = x · Wᵀ + b with nn.Linear's weight [out, in]: out(o, s, b) = bias(o) + Σ_k in(k, s, b) · weight(k, o).
 // Square weights (H × H), `tokens` rows of `in` per batch. Given `rows` (rows(b): how many
 // leading rows of batch b are used), only those are computed: `out` is then undefined
@@ -42,13 +48,14 @@ struct Dims {
 struct Linear {
     Halide::Func input;              // (in, seq, batch): what is projected
     Halide::Func weight_transposed;  // (out, in): lets a schedule vectorize over output features
+    WeightLayout weight_layout;      // transposed: weight_transposed only reads the weight
     Halide::Func product;            // (out, seq, batch): Σ_k in · Wᵀ, the GEMM
     Halide::Func out;                // (out, seq, batch): product + bias
     Halide::RDom k;
     Halide::RDom row;  // the rows computed, when only some are; else undefined
 };
 Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Halide::Func bias, Halide::Expr features,
-              Halide::Expr tokens, Halide::Func rows = Halide::Func());
+              Halide::Expr tokens, Halide::Func rows = Halide::Func(), WeightLayout layout = WeightLayout::linear);
 
 // Head view of a [B, S, H] tensor: (head_dim, head, seq, batch), the transpose_for_scores view.
 Halide::Func split_heads(const std::string &name, Halide::Func tensor, Halide::Expr head_dim);
@@ -93,6 +100,7 @@ WeightedSum weighted_sum(Halide::Func probs, Halide::Func v_heads, Halide::Expr 
 struct OutputLayerNorm {
     Halide::Func context_heads;      // (head_dim, head, seq, batch): what is projected
     Halide::Func weight_transposed;  // W_o as (out, in)
+    WeightLayout weight_layout;      // transposed: weight_transposed only reads W_o
     Halide::Func projection;         // (hidden, seq, batch): ctx · W_oᵀ, the GEMM
     Halide::Func dense;              // (hidden, seq, batch): residual + projection + bias
     Halide::Func sum;                // (seq, batch): Σ dense over the row
@@ -104,7 +112,8 @@ struct OutputLayerNorm {
 };
 OutputLayerNorm output_layernorm(Halide::Func ctx_heads, Halide::Func residual, Halide::Func w_o, Halide::Func b_o,
                                  Halide::Func gamma, Halide::Func beta, Halide::Expr eps, Halide::Expr head_dim,
-                                 Halide::Expr heads, Halide::Expr hidden, Halide::Expr tokens);
+                                 Halide::Expr heads, Halide::Expr hidden, Halide::Expr tokens,
+                                 WeightLayout layout = WeightLayout::linear);
 
 // The block sizes of the flash core (generator parameters query_block, key_block and
 // key_chunk). They belong to the algorithm: the online softmax folds in one key block at a
@@ -197,6 +206,7 @@ struct AttentionLayer {
 struct LayerInputs {
     Halide::Func x, kv;  // (hidden, seq, batch); kv == x for self-attention
     Halide::Func w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
+    WeightLayout weight_layout = WeightLayout::linear;  // of w_q, w_k, w_v and w_o
     Halide::Func key_padding_mask;  // (key, batch)
     Halide::Func bias;              // (key, query, head, batch)
     Halide::Expr causal, heads, eps, hidden, s_q, s_k;

@@ -19,7 +19,9 @@ public:
     // Dense: (hidden, seq_q, batch) = [B, S_q, H]. Packed: the token rows as a batch of one,
     // (hidden, token, 1) = [1, T, H].
     Input<Buffer<float, 3>> x{"x"};
-    Input<Buffer<float, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"}, w_o{"w_o"};  // (in, out) = [H_out, H_in]
+    // (in, out) = [H_out, H_in], nn.Linear's; on a GPU, prepared once as their transposes,
+    // (out, in) = [H_in, H_out] (layer_weights below).
+    Input<Buffer<float, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"}, w_o{"w_o"};
     Input<Buffer<float, 1>> b_q{"b_q"}, b_k{"b_k"}, b_v{"b_v"}, b_o{"b_o"};  // [H]
     Input<Buffer<float, 1>> gamma{"gamma"}, beta{"beta"};                    // [H]
     // (key, query, head, batch) = [B, heads, S_q, S_k], zeros when absent; packed: one
@@ -55,6 +57,7 @@ public:
         in.w_q = w_q, in.w_k = w_k, in.w_v = w_v, in.w_o = w_o;
         in.b_q = b_q, in.b_k = b_k, in.b_v = b_v, in.b_o = b_o;
         in.gamma = gamma, in.beta = beta;
+        in.weight_layout = layer_weights(get_target());
         in.bias = bias;
         in.causal = causal, in.heads = heads, in.eps = eps;
         in.output_probs = output_probs;
@@ -97,6 +100,14 @@ public:
         }
         y.set_estimates(activation);
         if (probs) probs->set_estimates(score);
+    }
+
+    // A GPU's fused layer reads its weights transposed, as its kernels read them, prepared
+    // once by the runtime's Attention (DeviceWeights, runtime/src/pipeline_call.cpp), so no
+    // call launches transposes; the stages, called with their weights each time, and every
+    // CPU, whose panels transpose their slice in cache anyway, take nn.Linear's layout.
+    static WeightLayout layer_weights(const Target &target) {
+        return target.has_gpu_feature() ? WeightLayout::transposed : WeightLayout::linear;
     }
 
     void schedule_manual_cpu() {

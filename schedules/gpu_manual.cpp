@@ -126,17 +126,19 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std:
 // apps/cuda_mat_mul multiplies on a GPU: no shared memory and no synchronization. Each
 // thread accumulates a kVector (columns, one float4) × t.thread_rows (rows) tile in
 // registers; per step of k it loads W_t's row as one float4 and thread_rows input values,
-// which the threads of a warp on the same rows share (broadcast loads from L1). W_t, the
-// weight with output features innermost, is transposed once per call (W is stored with
-// input features innermost). A block is t.col_threads threads along columns by
+// which the threads of a warp on the same rows share (broadcast loads from L1). W_t is the
+// weight with output features innermost: the fused layer's arrives so, prepared once by
+// the runtime (attn_gen::WeightLayout); a stage's, nn.Linear's with input features
+// innermost, is transposed per call. A block is t.col_threads threads along columns by
 // t.row_threads along rows.
 constexpr int kVector = 4;
 constexpr int kUnrollK = 8;
-void gpu_projection(Func out, Func product, Func weight_t, const Var &col, VarOrRVar row, const Var &batch,
-                    const std::vector<RVar> &k, const GpuTiling &t) {
-    // W_t(col, k) = W(k, col), lanes along k: the reads coalesce, and the strided writes
-    // meet in L2 (a weight is 2.25 MiB at H = 768) before they reach memory.
-    {
+void gpu_projection(Func out, Func product, Func weight_t, attn_gen::WeightLayout layout, const Var &col,
+                    VarOrRVar row, const Var &batch, const std::vector<RVar> &k, const GpuTiling &t) {
+    // A weight prepared transposed is read in place (inlined: no kernel). Else W_t(col, k) =
+    // W(k, col) per call, lanes along k: the reads coalesce, and the strided writes meet in
+    // L2 (a weight is 2.25 MiB at H = 768) before they reach memory.
+    if (layout == attn_gen::WeightLayout::linear) {
         const std::vector<Var> a = weight_t.args();
         Var ko{"ko"}, to{"to"}, ki{"ki"}, ti{"ti"};
         weight_t.compute_root().gpu_tile(a[1], a[0], ko, to, ki, ti, kLanes, kRowThreads, kGuard);
@@ -212,7 +214,7 @@ void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_ge
     // input(k, s, b) and weight_transposed(o, k) = weight(k, o): k is contiguous in both.
     for (attn_gen::Linear l : {q, k, v}) {
         const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(s);
-        gpu_projection(l.out, l.product, l.weight_transposed, o, rows, b, {l.k.x}, t);
+        gpu_projection(l.out, l.product, l.weight_transposed, l.weight_layout, o, rows, b, {l.k.x}, t);
     }
 }
 
@@ -246,7 +248,8 @@ void schedule_weighted_sum_gpu(attn_gen::WeightedSum w) {
 // dense = residual + bias + ctx·W_oᵀ as a GEMM, then LayerNorm a block of rows at a time.
 void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm n, const GpuTiling &t) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
-    gpu_projection(n.dense, n.projection, n.weight_transposed, o, s, b, {n.in_feature.x, n.in_feature.y}, t);
+    gpu_projection(n.dense, n.projection, n.weight_transposed, n.weight_layout, o, s, b,
+                   {n.in_feature.x, n.in_feature.y}, t);
     Var so{"so"}, rt{"rt"}, oo{"oo"}, lane{"lane"};
     n.y.compute_root()
         .split(s, so, rt, kRowThreads, kGuard)

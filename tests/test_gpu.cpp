@@ -196,7 +196,7 @@ TEST(Gpu, CudaKernelsGetTheManifestsRegisterCap) {
     EXPECT_EQ(std::string(now), before ? callers : std::to_string(manifest::kGpuMaxRegisters));
 }
 
-// CUDA device memory in place: inputs and output on the device, the call queued,
+// CUDA device memory in place: weights, inputs and output on the device, the call queued,
 // synchronize() before reading.
 TEST(Gpu, CudaDeviceMemoryMatchesReference) {
     const std::vector<VariantInfo> cuda = gpu_variants("cuda");
@@ -218,7 +218,21 @@ TEST(Gpu, CudaDeviceMemoryMatchesReference) {
             b->set_host_dirty(true);
             ASSERT_EQ(halide_copy_to_device(nullptr, b, halide_cuda_device_interface()), 0);
         }
-        Attention layer(p.config(), data.weights(), v.name);
+        // The weights in device memory too: the Attention brings its matrices to the host
+        // once to prepare them, and reads its vectors in place.
+        LayerWeights weights = data.weights();
+        std::vector<Halide::Runtime::Buffer<float>> weights_on_device;
+        for (ConstTensor LayerWeights::*member :
+             {&LayerWeights::w_q, &LayerWeights::b_q, &LayerWeights::w_k, &LayerWeights::b_k, &LayerWeights::w_v,
+              &LayerWeights::b_v, &LayerWeights::w_o, &LayerWeights::b_o, &LayerWeights::gamma, &LayerWeights::beta}) {
+            ConstTensor &w = weights.*member;
+            Halide::Runtime::Buffer<float> &b =
+                weights_on_device.emplace_back(const_cast<float *>(w.data), int(w.size));
+            b.set_host_dirty(true);
+            ASSERT_EQ(b.copy_to_device(halide_cuda_device_interface()), 0);
+            w = device_view<const float>(b.raw_buffer()->device, w.size, w.shape);
+        }
+        Attention layer(p.config(), weights, v.name);
         AttentionInputs in = data.inputs();
         in.x = device_view<const float>(x.raw_buffer()->device, data.x.size(), {p.batch, p.s_q, p.hidden});
         in.key_padding_mask = device_view<const uint8_t>(mask.raw_buffer()->device, data.mask.size(), {p.batch, p.s_k});

@@ -188,12 +188,28 @@ DeviceWeights::DeviceWeights(const LayerWeights &w, const VariantInfo &variant) 
     pipeline::prepare_halide(variant);
     const halide_device_interface_t *gpu = device_interface(variant.device);
     for (pipeline::WeightBuffers::Weight &weight : weights.weights) {
-        if (weight.memory == Memory::device) {
-            pipeline::wrap_device_memory(weight.name, weight.buffer, variant);
-            continue;
+        Halide::Runtime::Buffer<const float> &given = weight.buffer;
+        if (weight.memory == Memory::device) pipeline::wrap_device_memory(weight.name, given, variant);
+        if (given.dimensions() == 2) {
+            // [H_out, H_in] prepared as its transpose, [H_in, H_out], the layout a GPU's fused
+            // layer reads (attn_gen::WeightLayout: generators/layer_generator.cpp), once, on
+            // the host: device memory is brought there for it.
+            Halide::Runtime::Buffer<const float> source = given;
+            if (weight.memory == Memory::device) {
+                Halide::Runtime::Buffer<float> host(given.dim(0).extent(), given.dim(1).extent());
+                pipeline::check_halide(halide_buffer_copy(nullptr, given.raw_buffer(), nullptr, host.raw_buffer()),
+                                       weight.name, "copying the weight to the host to prepare it");
+                source = host;
+            }
+            Halide::Runtime::Buffer<float> prepared(given.dim(1).extent(), given.dim(0).extent());
+            prepared.copy_from(source.transposed(0, 1));
+            given = prepared;
+            weight.memory = Memory::host;
+        } else if (weight.memory == Memory::device) {
+            continue;  // a vector in device memory is read in place
         }
-        weight.buffer.set_host_dirty();  // copy_to_device copies only a buffer marked so
-        pipeline::check_halide(weight.buffer.copy_to_device(gpu), weight.name, "copying the weight to the device");
+        given.set_host_dirty();  // copy_to_device copies only a buffer marked so
+        pipeline::check_halide(given.copy_to_device(gpu), weight.name, "copying the weight to the device");
         ++pipeline::uploads;
     }
 }

@@ -156,8 +156,10 @@ private:
 }  // namespace attn::pipeline
 
 namespace attn::detail {
-// A GPU variant's weights, uploaded once by the Attention constructor (host memory) or
-// wrapped in place (device memory); its calls pass them as they are.
+// A GPU variant's weights, prepared by the Attention constructor: each matrix transposed
+// (the layout the fused layer reads on a GPU) and uploaded once, from host or device
+// memory; a vector uploaded once (host memory) or wrapped in place (device memory). Its
+// calls pass them as they are.
 struct DeviceWeights {
     pipeline::WeightBuffers weights;
     pipeline::RowCache<uint8_t> ones;  // an absent mask's, for the next call

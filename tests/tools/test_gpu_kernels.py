@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tools/gpu_kernels.py's check really fails: a hand-written PTX kernel that spills under a
-register cap, and a launch whose dynamic shared memory is bounded over the limit, are both
-named with their figures. Skips (77) without ptxas.
+register cap, a launch whose dynamic shared memory is bounded over the limit, and a fused
+layer's kernel transposing a weight are named with their figures. Skips (77) without ptxas.
 Usage: test_gpu_kernels.py WORK_DIR"""
 import pathlib
 import subprocess
@@ -69,4 +69,15 @@ check(len(failures) == 1 and failures[0].startswith("manual_cuda attention_score
       f"the failure names the kernel and its shared memory: {failures}")
 check(rows[0]["occupancy"]["blocks"] == 3 and rows[0]["occupancy"]["limited_by"] == ["shared"],
       f"228 KiB / (65792 + 1024) bytes: 3 blocks, limited by shared memory: {rows[0]['occupancy']}")
-print("gpu_kernels: a spilling kernel and a block over the shared memory limit both fail, named")
+
+# A fused layer's kernel that transposes a weight fails; a stage's may (it gets nn.Linear's).
+plain = {"registers": 10, "spill_stores": 0, "spill_loads": 0, "stack_frame": 0, "static_shared": 0}
+transposes = {"_kernel_q_weight_t_s0_hidden_to_block_id_y": plain, "_kernel_w_o_t_s0_hidden_to_block_id_y": plain}
+layer = gpu_kernels.kernel_rows("manual_cuda", "attention_layer", transposes, None)
+stage = gpu_kernels.kernel_rows("manual_cuda", "qkv_projection", transposes, None)
+failures = gpu_kernels.check(layer + stage, 49152, ["attention_layer"])
+check(len(failures) == 2 and all(f.startswith("manual_cuda attention_layer _kernel_") and
+                                 f.endswith("transposes a weight on every call, which the runtime prepared once")
+                                 for f in failures), f"the fused layer's two transposes fail, named: {failures}")
+print("gpu_kernels: a spilling kernel, a block over the shared memory limit and a fused layer's per-call "
+      "weight transpose all fail, named")

@@ -215,7 +215,10 @@ struct DeviceWeights;
 
 class Attention {
 public:
-    // A GPU variant copies host-memory weights to the device here, once.
+    // A GPU variant prepares its weights here, once: each matrix transposed into the layout
+    // its kernels read (a device-memory one is copied to the host for it), then every
+    // weight copied to the device (a device-memory vector is read in place). The object
+    // keeps that copy: later changes to the caller's weights are not seen.
     Attention(Config config, LayerWeights weights, const std::string &variant = "");
 
     // y [B, S_q, H]. `probs`, if given, receives [B, heads, S_q, S_k].
