@@ -94,11 +94,20 @@ SWEEPS = {
 CHECK_PROBLEM = "b1_s128_h384_n12"
 
 
-def tuning_problems(function, shape_class):
-    """The class's tuning problems the function runs: the packed ones only where it has a
-    packed twin (the stages take no packed sequences)."""
+def tuning_problems(function, shape_class, timed):
+    """The class's tuning problems the function runs: those the benchmark times it on
+    (`timed`: the S×S stages are not timed at long contexts), the packed ones only where it
+    has a packed twin (the stages take no packed sequences)."""
     twin = MANIFEST.packed_twin(function)
-    return [p for p in MANIFEST.shape_classes[shape_class]["tuning_problems"] if twin or not is_packed(p)]
+    return [p for p in MANIFEST.shape_classes[shape_class]["tuning_problems"]
+            if p in timed and (twin or not is_packed(p))]
+
+
+def timed_problems(bench, function):
+    """The problems attn_bench times the function on (its benchmark list)."""
+    listed = subprocess.run([bench, "--benchmark_list_tests=true", f"--benchmark_filter=^{function}/"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    return {name.split("/")[-1] for name in listed}
 
 
 def is_packed(problem):
@@ -222,19 +231,22 @@ class Tuner:
 
     def measure(self, record, shape_class, problems):
         """Checks then times a compiled candidate on the class's problems with attn_bench
-        (cached per class); adds 'times_ms' (by problem)."""
+        (cached per class and problems: a record of other problems is measured again);
+        adds 'times_ms' (by problem)."""
         folder = self.cache / record["key"]
         measured_path = folder / f"measured_{shape_class}.json"
         if measured_path.exists():
-            self.from_cache += 1
-            return json.loads(measured_path.read_text())
+            cached = json.loads(measured_path.read_text())
+            if cached.get("problems") == problems:
+                self.from_cache += 1
+                return cached
         run = list(dict.fromkeys([CHECK_PROBLEM, *problems]))
         pattern = "|".join(re.escape(p) for p in run)
         cmd = [str(self.bench_exe), f"--candidate={folder / 'candidate.so'}:{record['key']}:{self.args.isa}",
                f"--benchmark_filter=^{self.function}/candidate_{record['key']}/({pattern})$",
                f"--benchmark_repetitions={self.args.repetitions}", f"--benchmark_min_time={self.args.min_time}",
                "--benchmark_report_aggregates_only=true", "--benchmark_format=json"]
-        measured = dict(record)
+        measured = dict(record, problems=problems)
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.measure_timeout)
             report = json.loads(result.stdout) if result.stdout.strip().startswith("{") else {"benchmarks": []}
@@ -319,6 +331,11 @@ class Tuner:
     def winner(self, shape_class, problems, space, results, started, budget_minutes):
         """The class's winner and its provenance; also the fastest candidate of any source."""
         measured = [r for r in results if r["status"] == "measured"]
+        default = self.defaults(results).get("manual")
+        if not default or default["status"] != "measured":
+            # Every ratio is to the hand-written default: without its times there is no winner.
+            sys.exit(f"shape class {shape_class}: the hand-written default was not measured "
+                     f"({default['message'] if default else 'not tried'}); nothing is frozen")
         fastest = min(measured, key=lambda r: self.score(r, results, problems))
         # A frozen entry holds the hand-written schedule's generator parameters, so the
         # winner is the fastest hand-written parameter set; a faster autoscheduled
@@ -390,7 +407,9 @@ def freeze_winners(isa, generator, won, tuned_root=TUNED):
         same = next((e for e in entries if e["winner"]["params"] == winner["params"]), None)
         if same:
             same["shape_classes"].append(shape_class)
-            same["provenance"] = {**same["provenance"], "also": same["provenance"].get("also", []) + [provenance]}
+            if provenance is not same["provenance"]:  # a class given another's winner adds no search
+                same["provenance"] = {**same["provenance"],
+                                      "also": same["provenance"].get("also", []) + [provenance]}
         else:
             entries.append({"shape_classes": [shape_class],
                             "winner": {"source": winner["source"], "params": winner["params"]},
@@ -459,11 +478,14 @@ def main():
         else:
             args.command_line.append(option)
     tuner = Tuner(args)
+    timed = timed_problems(args.bench, args.function)
+    plan = [(c, args.problems or tuning_problems(args.function, c, timed)) for c in args.shape_classes]
+    untimed = [c for c, problems in plan if not problems]
+    plan = [(c, problems) for c, problems in plan if problems]
     won = []
-    for shape_class in args.shape_classes:
+    for shape_class, problems in plan:
         started = time.time()
-        problems = args.problems or tuning_problems(args.function, shape_class)
-        budget = args.budget_minutes / len(args.shape_classes)
+        budget = args.budget_minutes / len(plan)
         tuner.from_cache = 0
         space, results = tuner.run(shape_class, problems, budget)
         counts = {s: sum(r["status"] == s for r in results) for s in sorted({r["status"] for r in results})}
@@ -477,6 +499,16 @@ def main():
                   f"{tuner.score(fastest, results, problems)[1]:.3f}x of the hand-written default's time")
         for source, ratios in vs.items():
             print(f"  {source} default / winner: " + ", ".join(f"{p} {r:.2f}x" for p, r in ratios.items()))
+    if won and untimed:
+        # A class the function is not timed in takes the first timed class's winner: the
+        # frozen file covers every length.
+        shape_class, winner, provenance = won[0]
+        print(f"{', '.join(untimed)}: {args.function} is not timed on "
+              f"{'their' if len(untimed) > 1 else 'its'} problems (bench/cases.cpp); "
+              f"{shape_class}'s winner serves {'them' if len(untimed) > 1 else 'it'}")
+        won += [(c, winner, provenance) for c in untimed]
+    elif untimed:
+        sys.exit(f"{args.function} is timed on no tuning problem of {', '.join(untimed)}")
     if not args.no_freeze:
         tuner.freeze(won)
 
