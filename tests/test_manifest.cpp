@@ -2,6 +2,7 @@
 // the functions its schedule source provides, each function taking the manifest's
 // arguments in the manifest's order (so a generator that declares, swaps or renames an
 // argument fails here, by name), and dispatch following the declared ranks and priorities.
+#include "attn/generated/dispatch.h"
 #include "attn/generated/manifest.h"
 #include "attn/internal.h"
 #include "support/function_check.h"
@@ -138,7 +139,9 @@ TEST(Manifest, EveryCompiledFunctionTakesTheManifestsArgumentsByName) {
     }
 }
 
-TEST(Manifest, DispatchPicksTheWidestIsaThenThePreferredSource) {
+// The default pick: the first runnable variant of a measured order for this CPU model and
+// its widest runnable ISA (generated/dispatch.json), else the rule of the manifest.
+TEST(Manifest, DispatchPicksTheMeasuredOrderElseTheWidestIsaThenThePreferredSource) {
     const manifest::Isa *best_isa = nullptr;
     const manifest::ScheduleSource *best_source = nullptr;
     for (const VariantInfo &v : variants()) {
@@ -156,7 +159,21 @@ TEST(Manifest, DispatchPicksTheWidestIsaThenThePreferredSource) {
         }
     }
     ASSERT_NE(best_isa, nullptr) << "no runnable CPU variant with a dispatch rank and priority";
-    EXPECT_EQ(select_variant().name, std::string(best_source->name) + "_" + best_isa->name);
+    // A measurement of this CPU model that covered that ISA (generated/dispatch.json) comes
+    // first: its order's first runnable variant.
+    std::string expected = std::string(best_source->name) + "_" + best_isa->name, why = "by rule";
+    for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
+        if (m.cpu_model != detail::cpu_model() || !m.isas.contains(best_isa->name)) continue;
+        const std::vector<VariantInfo> all = variants();
+        const auto first = std::find_if(m.order.begin(), m.order.end(), [&](const char *name) {
+            return std::any_of(all.begin(), all.end(), [&](const VariantInfo &v) { return v.name == name && v.runnable; });
+        });
+        if (first == m.order.end()) continue;
+        expected = *first, why = "measured";
+        break;
+    }
+    EXPECT_EQ(select_variant().name, expected);
+    EXPECT_EQ(default_variant_reason().rfind(expected + ": " + why, 0), 0u) << default_variant_reason();
 }
 
 TEST(Manifest, AnArgumentTheRuntimeDoesNotPassIsRefusedByName) {
