@@ -144,7 +144,8 @@ TEST(Manifest, EveryCompiledFunctionTakesTheManifestsArgumentsByName) {
 TEST(Manifest, DispatchPicksTheMeasuredOrderElseTheWidestIsaThenThePreferredSource) {
     const manifest::Isa *best_isa = nullptr;
     const manifest::ScheduleSource *best_source = nullptr;
-    for (const VariantInfo &v : variants()) {
+    const std::vector<VariantInfo> all = variants();
+    for (const VariantInfo &v : all) {
         if (!v.runnable || v.device != "cpu") continue;
         for (const manifest::Isa &isa : manifest::kIsas) {
             for (const manifest::ScheduleSource &source : manifest::kScheduleSources) {
@@ -164,7 +165,6 @@ TEST(Manifest, DispatchPicksTheMeasuredOrderElseTheWidestIsaThenThePreferredSour
     std::string expected = std::string(best_source->name) + "_" + best_isa->name, why = "by rule";
     for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
         if (m.cpu_model != detail::cpu_model() || !m.isas.contains(best_isa->name)) continue;
-        const std::vector<VariantInfo> all = variants();
         const auto first = std::find_if(m.order.begin(), m.order.end(), [&](const char *name) {
             return std::any_of(all.begin(), all.end(), [&](const VariantInfo &v) { return v.name == name && v.runnable; });
         });

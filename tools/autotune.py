@@ -105,9 +105,33 @@ def tuning_problems(function, shape_class, timed):
 
 def timed_problems(bench, function):
     """The problems attn_bench times the function on (its benchmark list)."""
-    listed = subprocess.run([bench, "--benchmark_list_tests=true", f"--benchmark_filter=^{function}/"],
+    listed = subprocess.run([str(bench), "--benchmark_list_tests=true", f"--benchmark_filter=^{function}/"],
                             capture_output=True, text=True, check=True).stdout.split()
     return {name.split("/")[-1] for name in listed}
+
+
+def class_problems(function, shape_classes, bench, problems=None):
+    """Each shape class's tuning problems for the function ({class: problems}; `problems`
+    replaces those of the one class given), and the classes on none of whose problems the
+    benchmark times it (the S×S stages at long contexts)."""
+    if problems:
+        return {shape_classes[0]: problems}, []
+    timed = timed_problems(bench, function)
+    plan = {c: tuning_problems(function, c, timed) for c in shape_classes}
+    return {c: ps for c, ps in plan.items() if ps}, [c for c, ps in plan.items() if not ps]
+
+
+def serve_untimed(function, won, untimed):
+    """`won` with each untimed class given the first timed class's winner: a frozen file covers
+    every length. `won`: (class, winner, provenance)."""
+    if not untimed:
+        return won
+    if not won:
+        sys.exit(f"{function} is timed on no tuning problem of {', '.join(untimed)}")
+    shape_class, winner, provenance = won[0]
+    print(f"{', '.join(untimed)}: {function} is not timed on {'their' if len(untimed) > 1 else 'its'} problems "
+          f"(bench/cases.cpp); {shape_class}'s winner serves {'them' if len(untimed) > 1 else 'it'}")
+    return won + [(c, winner, provenance) for c in untimed]
 
 
 def is_packed(problem):
@@ -478,12 +502,9 @@ def main():
         else:
             args.command_line.append(option)
     tuner = Tuner(args)
-    timed = timed_problems(args.bench, args.function)
-    plan = [(c, args.problems or tuning_problems(args.function, c, timed)) for c in args.shape_classes]
-    untimed = [c for c, problems in plan if not problems]
-    plan = [(c, problems) for c, problems in plan if problems]
+    plan, untimed = class_problems(args.function, args.shape_classes, args.bench, args.problems)
     won = []
-    for shape_class, problems in plan:
+    for shape_class, problems in plan.items():
         started = time.time()
         budget = args.budget_minutes / len(plan)
         tuner.from_cache = 0
@@ -499,16 +520,7 @@ def main():
                   f"{tuner.score(fastest, results, problems)[1]:.3f}x of the hand-written default's time")
         for source, ratios in vs.items():
             print(f"  {source} default / winner: " + ", ".join(f"{p} {r:.2f}x" for p, r in ratios.items()))
-    if won and untimed:
-        # A class the function is not timed in takes the first timed class's winner: the
-        # frozen file covers every length.
-        shape_class, winner, provenance = won[0]
-        print(f"{', '.join(untimed)}: {args.function} is not timed on "
-              f"{'their' if len(untimed) > 1 else 'its'} problems (bench/cases.cpp); "
-              f"{shape_class}'s winner serves {'them' if len(untimed) > 1 else 'it'}")
-        won += [(c, winner, provenance) for c in untimed]
-    elif untimed:
-        sys.exit(f"{args.function} is timed on no tuning problem of {', '.join(untimed)}")
+    won = serve_untimed(args.function, won, untimed)
     if not args.no_freeze:
         tuner.freeze(won)
 

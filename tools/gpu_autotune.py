@@ -16,10 +16,12 @@ path in CI on PoCL) is three steps:
                   written to a folder with bundle.json and packed into <folder>.tar.xz,
                   held under the 64 MiB a device call carries.
   measure (there) every compiled candidate checked against the reference and timed by
-                  bench/compare.py on each shape class's tuning problems (manifest.json),
-                  interleaved, after a device synchronize (attn_bench synchronizes a GPU
-                  call before its clock stops); the comparisons and the device (GPU name,
-                  driver, CUDA version) in <out>/measured.json.
+                  bench/compare.py on each shape class's tuning problems (manifest.json;
+                  those attn_bench times the function on: a class with none, as the S×S
+                  stages' long one, takes another class's winner at freeze), interleaved,
+                  after a device synchronize (attn_bench synchronizes a GPU call before its
+                  clock stops); the comparisons and the device (GPU name, driver, CUDA
+                  version) in <out>/measured.json.
   freeze (here)   per shape class, the winner: the lowest worst-case time relative to the
                   default parameters over the class's problems (paired per round, median),
                   then the lowest geometric mean; frozen as generated/tuned/<isa>/<function>.json
@@ -64,10 +66,6 @@ MANIFEST = manifest_lib.load()
 BUNDLE_LIMIT_BYTES = 48 * 1024 * 1024
 
 
-def is_packed(problem):
-    return problem.endswith("_varlen")
-
-
 def gpu_space(function, seed, max_candidates):
     """The candidates' parameters in search order: the GPU defaults first, then the rest of the
     product of each GPU parameter's gpu_search values (its default alone where it has none),
@@ -88,12 +86,6 @@ def key_of(params, isa):
     device's cases by it)."""
     text = "".join(f"{k}{v}_" for k, v in sorted(params.items())) + isa
     return re.sub(r"[^A-Za-z0-9_]", "_", text)
-
-
-def tuning_problems(classes, problems):
-    if problems:
-        return {classes[0]: problems}
-    return {c: MANIFEST.shape_classes[c]["tuning_problems"] for c in classes}
 
 
 # ---- bundle ----
@@ -122,9 +114,10 @@ def bundle(args):
         owner = MANIFEST.function(function)["tuned_with"]
         sys.exit(f"bundle: {function} runs the schedule of {owner}'s generator, whose tuning serves it: tune "
                  f"{MANIFEST.functions_of_generator(owner)[0]} instead")
-    classes = tuning_problems(args.shape_classes, args.problems)
+    classes, untimed = autotune.class_problems(function, args.shape_classes, args.bench, args.problems)
     twin = MANIFEST.packed_twin(function)
-    functions = [function] + ([twin] if twin and any(is_packed(p) for ps in classes.values() for p in ps) else [])
+    functions = [function] + ([twin] if twin and any(autotune.is_packed(p) for ps in classes.values() for p in ps)
+                              else [])
     out = pathlib.Path(args.out or ROOT / "build" / "gpu-tune" / args.isa / function).resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -176,6 +169,7 @@ def bundle(args):
         sys.exit("bundle: the default parameters did not compile; nothing to tune against")
     doc = {"isa": args.isa, "device": MANIFEST.isas[args.isa]["device"], "function": function,
            "generator": generator, "functions": functions, "target": target, "classes": classes,
+           "untimed_classes": untimed,
            "sources_hash": source_hash(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                timespec="seconds"),
            "command": "tools/gpu_autotune.py " + " ".join(command_line(sys.argv[1:])),
@@ -337,6 +331,7 @@ def freeze(args):
         print(f"freeze: {shape_class}: winner {winner['params']}, its time over the default's: "
               + ", ".join(f"{p} {r:.3f}" for p, r in scores[winner_key][2].items()))
         won.append((shape_class, winner, provenance))
+    won = autotune.serve_untimed(doc["function"], won, doc["untimed_classes"])
     tuned_root = pathlib.Path(args.tuned_dir).resolve() if args.tuned_dir else TUNED
     autotune.freeze_winners(doc["isa"], doc["generator"], won, tuned_root)
     if not args.tuned_dir:
@@ -391,6 +386,9 @@ def main():
     b.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="compiles at once")
     b.add_argument("--compile-timeout", type=float, default=600)
     b.add_argument("--generator", required=True, help="the build's attn_generators")
+    b.add_argument("--bench", default=str(ROOT / "build" / "release" / "bench" / "attn_bench"),
+                   help="the build's attn_bench, which lists the problems each function is timed on "
+                        "(default build/release/bench/attn_bench)")
     b.add_argument("--plugins", help="Halide's plugin folder (unused by the hand-written schedule)")
     b.add_argument("--ptxas", help="ptxas (default: on PATH, or /usr/local/cuda/bin/ptxas)")
     b.add_argument("--out", help="the bundle's folder (default build/gpu-tune/<isa>/<function>)")

@@ -119,7 +119,7 @@ pack)
 bundles)
   source tools/setup.sh
   cmake --preset release >/dev/null
-  cmake --build --preset release --target attn_generators
+  cmake --build --preset release --target attn_generators attn_bench
   for function in $(python3 tools/gpu_autotune.py families --isa cuda); do
     # The fused layer's space (96) is sampled: each candidate's CUDA module is JIT-compiled
     # there at its first launch, and the tuning step has 10 minutes.
