@@ -15,27 +15,52 @@ const float kLowest = std::numeric_limits<float>::lowest();
 // An index a tile may run past, clamped to the last valid one (see the header).
 Expr last(Expr i, Expr extent) { return min(i, extent - 1); }
 
+// W[out, in] from a weight in `layout`, `features` outputs.
+Expr weight_at(Func weight, WeightLayout layout, Expr out, Expr in_feature, Expr features) {
+    return layout == WeightLayout::transposed ? weight(last(out, features), in_feature)
+                                              : weight(in_feature, last(out, features));
+}
+
 // weight_t(out, in) = W[out, in] from a weight in `layout`, `features` outputs.
 void define_weight_transposed(Func weight_t, Func weight, WeightLayout layout, Expr features) {
     const Var &out = dims.hidden;
     Var in_feature{"in_feature"};
-    weight_t(out, in_feature) = layout == WeightLayout::transposed ? weight(last(out, features), in_feature)
-                                                                   : weight(in_feature, last(out, features));
+    weight_t(out, in_feature) = weight_at(weight, layout, out, in_feature, features);
 }
 }  // namespace
 
+Func rounded_to_bf16(const std::string &name, Func in) {
+    Func rounded{name};
+    rounded(dims.hidden, dims.seq, dims.batch) = cast(BFloat(16), in(dims.hidden, dims.seq, dims.batch));
+    return rounded;
+}
+
 Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr features, Expr tokens, Func rows,
-              WeightLayout layout) {
+              WeightLayout layout, Precision precision) {
     const Var &out = dims.hidden, &s = dims.seq, &b = dims.batch;
     Linear l;
     l.input = in;
     l.weight_transposed = Func{name + "_weight_t"};
     l.weight_layout = layout;
-    define_weight_transposed(l.weight_transposed, weight, layout, features);
-    l.k = RDom(0, features, name + "_k");
+    l.precision = precision;
     l.product = Func{name + "_product"};
     l.product(out, s, b) = 0.0f;
-    l.product(out, s, b) += in(l.k, last(s, tokens), b) * l.weight_transposed(out, l.k);
+    if (precision == Precision::fp32) {
+        define_weight_transposed(l.weight_transposed, weight, layout, features);
+        l.k = RDom(0, features, name + "_k");
+        l.product(out, s, b) += in(l.k, last(s, tokens), b) * l.weight_transposed(out, l.k);
+    } else {
+        // Pairs of input features; an odd count's last pair is completed by a zero weight.
+        Var pair{"pair"}, in_pair{"in_pair"};
+        Expr in_feature = 2 * in_pair + pair;
+        l.weight_transposed(pair, out, in_pair) =
+            select(in_feature < features, weight_at(weight, layout, out, last(in_feature, features), features),
+                   cast(BFloat(16), 0.0f));
+        l.k = RDom({{0, 2}, {0, (features + 1) / 2}}, name + "_k");
+        Expr k = last(2 * l.k.y + l.k.x, features);
+        l.product(out, s, b) +=
+            cast<float>(in(k, last(s, tokens), b)) * cast<float>(l.weight_transposed(l.k.x, out, l.k.y));
+    }
     l.out = Func{name};
     if (!rows.defined()) {
         l.out(out, s, b) = l.product(out, s, b) + bias(out);
@@ -105,18 +130,37 @@ WeightedSum weighted_sum(Func probs, Func v_heads, Expr head_dim, Expr s_q, Expr
 }
 
 OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b_o, Func gamma, Func beta, Expr eps,
-                                 Expr head_dim, Expr heads, Expr hidden, Expr tokens, WeightLayout layout) {
+                                 Expr head_dim, Expr heads, Expr hidden, Expr tokens, WeightLayout layout,
+                                 Precision precision) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     OutputLayerNorm n;
     n.context_heads = ctx_heads;
-    n.weight_transposed = Func{"w_o_t"};
     n.weight_layout = layout;
-    define_weight_transposed(n.weight_transposed, w_o, layout, hidden);
-    n.in_feature = RDom(0, head_dim, 0, heads, "in_feature");
-    const RVar &e = n.in_feature.x, &h = n.in_feature.y;
-    n.projection = Func{"projection"};
-    n.projection(o, s, b) = 0.0f;
-    n.projection(o, s, b) += ctx_heads(e, h, last(s, tokens), b) * n.weight_transposed(o, h * head_dim + e);
+    if (precision == Precision::fp32) {
+        n.weight_transposed = Func{"w_o_t"};
+        define_weight_transposed(n.weight_transposed, w_o, layout, hidden);
+        n.in_feature = RDom(0, head_dim, 0, heads, "in_feature");
+        const RVar &e = n.in_feature.x, &h = n.in_feature.y;
+        n.projection = Func{"projection"};
+        n.projection(o, s, b) = 0.0f;
+        n.projection(o, s, b) += ctx_heads(e, h, last(s, tokens), b) * n.weight_transposed(o, h * head_dim + e);
+    } else {
+        // The context by feature (h·d + e), rounded, so that each pair of features is
+        // adjacent for the GEMM, whatever d. The head is found in f32, not by integer division
+        // (which x86 vectors lack, and Halide scalarizes): (feature + ½)/d lies at least ½/d
+        // inside [h, h + 1), and its f32 error, (H/d)·2^-23, is far below that for any H < 2^21.
+        n.context_rounded = Func{"context_rounded"};
+        const Var &feature = dims.hidden;
+        Expr head = clamp(cast<int>(floor((cast<float>(feature) + 0.5f) / cast<float>(head_dim))), 0, heads - 1);
+        // (Both clamped, which changes nothing, so that Halide bounds the reads of ctx.)
+        n.context_rounded(feature, s, b) =
+            cast(BFloat(16), ctx_heads(clamp(feature - head * head_dim, 0, head_dim - 1), head, s, b));
+        Func no_bias{"no_bias"};
+        no_bias(o) = 0.0f;
+        n.rounded = linear("projection", n.context_rounded, w_o, no_bias, hidden, tokens, Func(), layout, precision);
+        n.weight_transposed = n.rounded.weight_transposed;
+        n.projection = n.rounded.out;
+    }
     n.dense = Func{"dense"};
     n.dense(o, s, b) = residual(o, s, b) + b_o(o) + n.projection(o, s, b);
 
@@ -276,15 +320,21 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     // The rows the projections see: each batch's sequence, or every token row of packed sequences.
     Expr q_rows = packed ? in.tokens : in.s_q, kv_rows_all = packed ? in.tokens : in.s_k;
     AttentionLayer l;
-    l.q = linear("q", in.x, in.w_q, in.b_q, in.hidden, q_rows, Func(), in.weight_layout);
+    // What the projections read: the activations themselves, or rounded to bf16 once.
+    Func x = in.x, kv = in.kv;
+    if (in.precision == Precision::bf16) {
+        l.x_rounded = x = rounded_to_bf16("x_rounded", in.x);
+        l.kv_rounded = kv = in.kv.name() == in.x.name() ? l.x_rounded : rounded_to_bf16("kv_rounded", in.kv);
+    }
+    l.q = linear("q", x, in.w_q, in.b_q, in.hidden, q_rows, Func(), in.weight_layout, in.precision);
     Func kv_rows{"kv_rows"};  // the flash core reads K and V up to the chunk holding each batch's last real key
     if (!in.output_probs && !packed) {
         l.key_end = last_real_key(in.key_padding_mask, in.s_k);
         const int C = in.blocking.key_chunk;
         kv_rows(dims.batch) = min((l.key_end(dims.batch) + C - 1) / C * C, in.s_k);
     }
-    l.k = linear("k", in.kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows, in.weight_layout);
-    l.v = linear("v", in.kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows, in.weight_layout);
+    l.k = linear("k", kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision);
+    l.v = linear("v", kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision);
     l.q_heads = split_heads("q_heads", l.q.out, head_dim);
     l.k_heads = split_heads("k_heads", l.k.out, head_dim);
     l.v_heads = split_heads("v_heads", l.v.out, head_dim);
@@ -317,9 +367,8 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         l.packed.ctx(e, h, s, b) = ctx(e, h, clamp(s - l.packed.offset(sequence), 0, in.s_q - 1), sequence);
         ctx = l.packed.ctx;
     }
-    l.output =
-        output_layernorm(ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps, head_dim, in.heads, in.hidden, q_rows,
-                         in.weight_layout);
+    l.output = output_layernorm(ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps, head_dim, in.heads, in.hidden,
+                                q_rows, in.weight_layout, in.precision);
     return l;
 }
 

@@ -41,21 +41,39 @@ struct Dims {
 // GPU variant's fused layer: runtime/src/pipeline_call.cpp, DeviceWeights).
 enum class WeightLayout { linear, transposed };
 
+// The operands of the projections' GEMMs (DESIGN.md, "Reduced precision"): fp32; or bf16,
+// where the weights arrive rounded to bf16 (once, by their caller), the activations are
+// rounded to bf16 (round to nearest even) as they enter, and the products, exact in f32,
+// are summed in f32 a pair of input features at a time: the unit of AVX512_BF16's
+// vdpbf16ps, which Halide emits for a vectorized sum over such a pair. The attention core,
+// the softmax, the residual and LayerNorm stay f32.
+enum class Precision { fp32, bf16 };
+
 // y = x · Wᵀ + b with nn.Linear's weight [out, in]: out(o, s, b) = bias(o) + Σ_k in(k, s, b) · weight(k, o).
 // Square weights (H × H), `tokens` rows of `in` per batch. Given `rows` (rows(b): how many
 // leading rows of batch b are used), only those are computed: `out` is then undefined
-// past them and computed by an update over `row`, whose loop stops there.
+// past them and computed by an update over `row`, whose loop stops there. In bf16, `in`
+// and `weight` are bf16 (the caller rounds the activations: rounded_to_bf16).
 struct Linear {
-    Halide::Func input;              // (in, seq, batch): what is projected
-    Halide::Func weight_transposed;  // (out, in): lets a schedule vectorize over output features
-    WeightLayout weight_layout;      // transposed: weight_transposed only reads the weight
-    Halide::Func product;            // (out, seq, batch): Σ_k in · Wᵀ, the GEMM
-    Halide::Func out;                // (out, seq, batch): product + bias
-    Halide::RDom k;
-    Halide::RDom row;  // the rows computed, when only some are; else undefined
+    Halide::Func input;  // (in, seq, batch): what is projected
+    // fp32: (out, in), which lets a schedule vectorize over output features. bf16:
+    // (pair, out, in_pair), W[out, 2·in_pair + pair], zero past the input features, so that
+    // a schedule vectorizes over (pair, out) for vdpbf16ps.
+    Halide::Func weight_transposed;
+    WeightLayout weight_layout;  // transposed: weight_transposed only reads the weight
+    Precision precision;
+    Halide::Func product;  // (out, seq, batch): Σ_k in · Wᵀ, the GEMM
+    Halide::Func out;      // (out, seq, batch): product + bias
+    Halide::RDom k;        // fp32: (k); bf16: (pair, in_pair), the feature 2·in_pair + pair
+    Halide::RDom row;      // the rows computed, when only some are; else undefined
 };
 Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Halide::Func bias, Halide::Expr features,
-              Halide::Expr tokens, Halide::Func rows = Halide::Func(), WeightLayout layout = WeightLayout::linear);
+              Halide::Expr tokens, Halide::Func rows = Halide::Func(), WeightLayout layout = WeightLayout::linear,
+              Precision precision = Precision::fp32);
+
+// in rounded to bf16 (to nearest even), as the bf16 GEMMs take their activations:
+// (feature, seq, batch) of a (feature, seq, batch) Func.
+Halide::Func rounded_to_bf16(const std::string &name, Halide::Func in);
 
 // Head view of a [B, S, H] tensor: (head_dim, head, seq, batch), the transpose_for_scores view.
 Halide::Func split_heads(const std::string &name, Halide::Func tensor, Halide::Expr head_dim);
@@ -99,21 +117,25 @@ WeightedSum weighted_sum(Halide::Func probs, Halide::Func v_heads, Halide::Expr 
 // y = LayerNorm(x + ctx · W_oᵀ + b_o), population variance, eps inside the root.
 struct OutputLayerNorm {
     Halide::Func context_heads;      // (head_dim, head, seq, batch): what is projected
-    Halide::Func weight_transposed;  // W_o as (out, in)
+    Halide::Func weight_transposed;  // W_o as (out, in); bf16: as Linear's
     WeightLayout weight_layout;      // transposed: weight_transposed only reads W_o
+    // bf16: the context rounded to bf16, by feature (hidden, seq, batch), and the GEMM as a
+    // Linear over it (bias zero), whose product is `projection`; undefined in fp32.
+    Halide::Func context_rounded;
+    Linear rounded;
     Halide::Func projection;         // (hidden, seq, batch): ctx · W_oᵀ, the GEMM
     Halide::Func dense;              // (hidden, seq, batch): residual + projection + bias
     Halide::Func sum;                // (seq, batch): Σ dense over the row
     Halide::Func sum_sq_dev;         // (seq, batch): Σ (dense − mean)² over the row (two-pass: accurate)
     Halide::Func mean, variance;     // (seq, batch), pure: sum / H and sum_sq_dev / H
     Halide::Func y;                  // (hidden, seq, batch)
-    Halide::RDom in_feature;         // (head_dim, head) over the context's head view
+    Halide::RDom in_feature;         // (head_dim, head) over the context's head view (fp32)
     Halide::RDom row;                // over the H output features
 };
 OutputLayerNorm output_layernorm(Halide::Func ctx_heads, Halide::Func residual, Halide::Func w_o, Halide::Func b_o,
                                  Halide::Func gamma, Halide::Func beta, Halide::Expr eps, Halide::Expr head_dim,
                                  Halide::Expr heads, Halide::Expr hidden, Halide::Expr tokens,
-                                 WeightLayout layout = WeightLayout::linear);
+                                 WeightLayout layout = WeightLayout::linear, Precision precision = Precision::fp32);
 
 // The block sizes of the flash core (generator parameters query_block, key_block and
 // key_chunk). They belong to the algorithm: the online softmax folds in one key block at a
@@ -190,6 +212,7 @@ PackedSequences packed_sequences(Halide::Func offsets, Halide::Expr sequences, H
 
 // The whole layer, with every intermediate Func named so schedules can reach it.
 struct AttentionLayer {
+    Halide::Func x_rounded, kv_rounded;  // bf16: what the projections read (kv_rounded == x_rounded for self-attention)
     Linear q, k, v;
     Halide::Func q_heads, k_heads, v_heads;
     // With the probabilities as an output, the exact stages (scores, softmax, weighted
@@ -207,6 +230,7 @@ struct LayerInputs {
     Halide::Func x, kv;  // (hidden, seq, batch); kv == x for self-attention
     Halide::Func w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
     WeightLayout weight_layout = WeightLayout::linear;  // of w_q, w_k, w_v and w_o
+    Precision precision = Precision::fp32;              // of the projections; bf16: the four weights are bf16
     Halide::Func key_padding_mask;  // (key, batch)
     Halide::Func bias;              // (key, query, head, batch)
     Halide::Expr causal, heads, eps, hidden, s_q, s_k;

@@ -1,6 +1,7 @@
 #include "cases.h"
 
 #include "attn/generated/manifest.h"
+#include "attn/internal.h"
 #include "openblas_peers.h"
 
 #include <HalideBuffer.h>
@@ -99,9 +100,9 @@ void release_fixtures() {
 }
 
 std::string accuracy_error(Prepared &prepared, const float *actual, const std::vector<double> &exact,
-                           const std::vector<float> &plain, const std::string &who) {
+                           const std::vector<float> &plain, const std::string &who, double allowance) {
     if (exact.empty()) return "";
-    const testing::Accuracy a = testing::check_accuracy(actual, exact, plain);
+    const testing::Accuracy a = testing::check_accuracy(actual, exact, plain, allowance);
     prepared.max_error = std::max(prepared.max_error, a.max_error);
     return a.ok ? "" : a.report(who);
 }
@@ -226,7 +227,8 @@ Prepared function_case(const std::string &function, const VariantInfo &variant, 
     if (const detail::CallReference *ref = f.reference(function)) {
         for (std::size_t i = 0; i < shapes.size() && prepared.error.empty(); ++i) {
             prepared.error = accuracy_error(prepared, s->outputs[i].data(), ref->exact[i], ref->float32[i],
-                                            function + " " + shapes[i].name + " " + variant.name);
+                                            function + " " + shapes[i].name + " " + variant.name,
+                                            i < ref->allowance.size() ? ref->allowance[i] : 0.0);
         }
     }
     return prepared;
@@ -314,6 +316,11 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
         }
         for (const VariantInfo *v : timed) {
             add(kLayerFunction, v->name, lp, [v, &lp] { return function_case(kLayerFunction, *v, lp); });
+        }
+        // The layer in bf16 (attn::Precision), beside the fp32 variants and peers: <variant>_bf16.
+        for (const VariantInfo *v : bf16_variants()) {
+            if (v->schedule == "candidate") continue;
+            add(kLayerFunction, v->name + kBf16Suffix, lp, [v, &lp] { return function_case(detail::kBf16Layer, *v, lp); });
         }
         add(kLayerFunction, "openblas_roofline", lp, [&lp] { return openblas_layer(true, lp); });
         add(kLayerFunction, "openblas_unfused", lp, [&lp] { return openblas_layer(false, lp); });

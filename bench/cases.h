@@ -19,6 +19,8 @@ namespace attn::bench {
 
 // The fused layer's function.
 inline const char *const kLayerFunction = "attention_layer";
+// The bf16 layer's implementations among the fused layer's: <variant>_bf16 (bench/report.py's).
+inline const char *const kBf16Suffix = "_bf16";
 
 // The work of a function's call on a problem (its by-name call's: GEMM FLOPs and bytes);
 // of a packed problem, the sum over its sequences.
@@ -60,8 +62,9 @@ void release_fixtures();
 
 // Applies the accuracy rule when there is a reference (`exact` not empty): an error
 // message when the output is wrong, "" otherwise.
+// `allowance`: a reduced precision's (detail::CallReference::allowance).
 std::string accuracy_error(Prepared &prepared, const float *actual, const std::vector<double> &exact,
-                           const std::vector<float> &plain, const std::string &who);
+                           const std::vector<float> &plain, const std::string &who, double allowance = 0);
 
 // One benchmark case, made ready on demand.
 struct Case {

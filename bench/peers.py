@@ -90,6 +90,7 @@ def numpy_layer(p, d, eps=1e-12):
 class Peer:
     function = "attention_layer"  # what it computes, as attn_bench names its cases' functions
     checked = True  # held to the float64 reference (expected) before it is timed
+    tolerance = 1e-4  # the largest error against it that passes
     roofline = False  # times the layer's GEMMs only
 
     def gflop(self, p):
@@ -106,18 +107,29 @@ class Peer:
 
 
 class PyTorchPeer(Peer):
-    name = "pytorch"
+    """The layer as a PyTorch user writes it: nn.Linear's F.linear, SDPA, LayerNorm. With bf16,
+    the whole layer in torch.bfloat16 (weights, activations and y), as a user who casts the
+    model with .to(torch.bfloat16) runs it: checked against the float64 reference at 0.05,
+    since y itself is rounded to bf16 (2^-8 of |y| <= ~4) on top of every product's input."""
 
-    def __init__(self, threads):
+    def __init__(self, threads, bf16=False):
         import torch
 
         torch.set_num_threads(threads)
-        self.torch = torch
+        self.torch, self.bf16 = torch, bf16
+        self.name = "pytorch_bf16" if bf16 else "pytorch"
+        self.tolerance = 0.05 if bf16 else Peer.tolerance
         self.version = torch.__version__
+
+    @staticmethod
+    def output(y):
+        return y.float().numpy()
 
     def prepare(self, p, d):
         torch, F = self.torch, self.torch.nn.functional
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
         t = {k: torch.from_numpy(v) for k, v in d.items()}
+        t = {k: v.to(dtype) if v.dtype == torch.float32 else v for k, v in t.items()}
         bsz, sq, hid = d["x"].shape
         heads, hd = p["heads"], hid // p["heads"]
         padded = not d["mask"].all()
@@ -138,8 +150,7 @@ class PyTorchPeer(Peer):
                 q, k, v = heads_of("w_q", "b_q"), heads_of("w_k", "b_k"), heads_of("w_v", "b_v")
                 ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
                 ctx = ctx.transpose(1, 2).reshape(bsz, sq, hid)
-                y = F.layer_norm(x + F.linear(ctx, t["w_o"], t["b_o"]), (hid,), t["gamma"], t["beta"], 1e-12)
-                return y.numpy()
+                return F.layer_norm(x + F.linear(ctx, t["w_o"], t["b_o"]), (hid,), t["gamma"], t["beta"], 1e-12)
 
         return run
 
@@ -318,7 +329,8 @@ class SdpaCorePeer(Peer):
 
 
 def cpu_peers(threads):
-    return [lambda: PyTorchPeer(threads), lambda: OnnxRuntimePeer(threads), lambda: SdpaCorePeer("cpu", threads)]
+    return [lambda: PyTorchPeer(threads), lambda: PyTorchPeer(threads, bf16=True), lambda: OnnxRuntimePeer(threads),
+            lambda: SdpaCorePeer("cpu", threads)]
 
 
 def cuda_peers():

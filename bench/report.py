@@ -25,6 +25,10 @@ import manifest  # noqa: E402
 ROOFLINES = ("openblas_roofline", "cublas_roofline")
 # Peers held to float32 accuracy; pytorch_sdpa_bf16 is shown beside them, not ranked.
 FP32_PEERS = ("openblas_unfused", "onnxruntime", "pytorch", "pytorch_eager", "pytorch_sdpa")
+# The layer in bf16: our variants' (<variant>_bf16, as attn_bench names them; kind "bf16") and
+# the peers' in bf16, compared in a section of their own.
+BF16_SUFFIX = "_bf16"
+BF16_PEERS = ("pytorch_bf16",)
 _MANIFEST = manifest.load()
 AUTOSCHEDULERS = tuple(_MANIFEST.autoschedulers())
 STAGES = tuple(_MANIFEST.stage_functions())  # each stage's function
@@ -236,6 +240,32 @@ def scaling_section(doc, groups):
             "|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
+def bf16_section(doc, groups):
+    """The layer in bf16 against the fastest fp32 variant and the peers, per problem."""
+    rows = []
+    for p in doc["problems"]:
+        group = groups.get((LAYER, p["name"]))
+        if not group:
+            continue
+        impl, ms = best(group, ("bf16",))
+        fp32, fp32_ms = best_variant(group)
+        if impl is None or fp32 is None:
+            continue
+        peer, peer_ms = best(group, ("peer",), BF16_PEERS)
+        fp32_peer, fp32_peer_ms = best_peer(group)
+        rows.append(f"| {p['name']} | {impl} | {ms:.2f} | {fp32} | {fp32_ms:.2f} | {ratio(group, fp32, impl)} | "
+                    f"{peer or '-'} | {fmt(peer_ms)} | {ratio(group, peer, impl) if peer else '-'} | "
+                    f"{fp32_peer or '-'} | {ratio(group, fp32_peer, impl) if fp32_peer else '-'} |")
+    if not rows:
+        return []
+    return ["## The layer in bf16 (paired)", "",
+            "bf16 weights and projection inputs, f32 sums (attn::Precision::bf16); \"vs\" is the other's time / the "
+            "bf16 variant's, per round (> 1: bf16 is faster).", "",
+            "| problem | bf16 variant | ms | fastest fp32 variant | ms | vs fastest fp32 | bf16 peer | ms | "
+            "vs bf16 peer | best fp32 peer | vs best fp32 peer |", "|---|---|---|---|---|---|---|---|---|---|---|",
+            *rows, ""]
+
+
 def default_pick(doc, groups):
     """[(function, problem, fastest CPU variant, Ratio default / fastest)] for every group where
     the runtime's default pick (context: selected_variant) was timed beside other variants."""
@@ -292,6 +322,7 @@ def markdown(doc):
         for p in doc["problems"]:
             if (function, p["name"]) in groups:
                 out += detail_table(p, groups[(function, p["name"])])
+    out += bf16_section(doc, groups)
     out += default_pick_section(doc, groups)
     out += autotuned_section(doc, groups)
     out += scaling_section(doc, groups)
@@ -320,7 +351,8 @@ def chart(doc, path):
         for name in names:
             group = groups[name]
             roof = roofline(group)
-            members = {i: t for i, t in timed(group).items() if i == family or i.startswith(family + "_")}
+            members = {i: t for i, t in timed(group).items() if (i == family or i.startswith(family + "_"))
+                       and group[i]["kind"] != "bf16" and i not in BF16_PEERS}
             r = ratio(group, min(members, key=members.get), roof) if members and roof else None
             values.append(r.median if r else 0)
             errors[0].append(r.median - r.lo if r else 0)

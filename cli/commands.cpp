@@ -111,7 +111,22 @@ int run_layer(const RunOptions &options) {
         inputs.key_padding_mask = {mask.data(), mask.size(), mask_array.shape};
     }
 
-    const Attention layer(checkpoint.config, checkpoint.weights(), options.variant);
+    const bool bf16 = options.precision == "bf16";
+    if (bf16 && !options.probs.empty()) throw Error("--probs", "a bf16 layer has no probabilities output; drop --probs");
+    if (bf16 && options.packed) throw Error("--packed", "packed sequences run in fp32 only; drop --packed");
+    checkpoint.config.precision = bf16 ? Precision::bf16 : Precision::fp32;
+    checkpoint.config.allow_storage_only = options.allow_storage_only;
+    const Attention layer = [&] {
+        try {
+            return Attention(checkpoint.config, checkpoint.weights(), options.variant);
+        } catch (const Error &e) {
+            if (e.argument() != "precision") throw;
+            std::string message = std::string(e.what()).substr(e.argument().size() + 2);
+            const std::string field = "config.allow_storage_only", flag = "--allow-storage-only";
+            for (std::size_t at; (at = message.find(field)) != std::string::npos;) message.replace(at, field.size(), flag);
+            throw Error("--precision", message);
+        }
+    }();
     std::vector<float> y(x.size());
     std::vector<float> probs;
     const Shape probs_shape{batch, checkpoint.config.num_heads, seq, seq};
@@ -144,12 +159,12 @@ int run_layer(const RunOptions &options) {
     write_npy(options.output, x_array.shape, y, "--output");
     if (!options.probs.empty()) write_npy(options.probs, probs_shape, probs, "--probs");
     std::printf(
-        "%s: %s, %lld heads, eps %g%s%s, variant %s: x %s -> %s in %.3f ms\n",
+        "%s: %s, %lld heads, eps %g%s%s%s, variant %s: x %s -> %s in %.3f ms\n",
         checkpoint.prefix.empty() ? "attention" : checkpoint.prefix.substr(0, checkpoint.prefix.size() - 1).c_str(),
         checkpoint.safetensors_path.c_str(), static_cast<long long>(checkpoint.config.num_heads),
         double(checkpoint.config.layer_norm_eps), options.causal ? ", causal" : "",
         options.mask.empty() ? "" : (options.packed ? ", key padding mask, packed" : ", key padding mask"),
-        layer.variant().name.c_str(), x_array.shape_string().c_str(),
+        bf16 ? (computes_bf16(layer.variant()) ? ", bf16" : ", bf16 storage only") : "", layer.variant().name.c_str(), x_array.shape_string().c_str(),
         options.output.c_str(), ms);
     return 0;
 }

@@ -40,6 +40,14 @@ int main(int argc, char **argv) {
     run_cmd->add_option("--output", run.output, "y: float32 [batch, seq, hidden] .npy to write")->required();
     run_cmd->add_option("--probs", run.probs, "also write the probabilities float32 [batch, heads, seq, seq] .npy");
     run_cmd->add_option("--heads", run.heads, "attention heads (default: num_attention_heads of config.json)");
+    run_cmd
+        ->add_option("--precision", run.precision,
+                     "the projections' precision: fp32, or bf16 (bf16 weights and inputs, f32 sums; vdpbf16ps where "
+                     "the CPU has avx512bf16; no --probs or --packed)")
+        ->check(CLI::IsMember({"fp32", "bf16"}))
+        ->capture_default_str();
+    run_cmd->add_flag("--allow-storage-only", run.allow_storage_only,
+                      "bf16 on a CPU without avx512bf16: run bf16 storage with f32 arithmetic instead of refusing");
     // The kernels' CPU threads, for run and bench alike (attn::set_num_threads).
     int threads = 0;
     const auto threads_option = [&](CLI::App *command) {

@@ -3,7 +3,8 @@
 // self-attention passes x as kv too. output_probs=true adds the output probs, the
 // attention probabilities; packed=true takes packed variable-length sequences instead
 // of a padded batch (manifest.json: attention_layer, attention_layer_probs,
-// attention_layer_packed, attention_layer_packed_probs).
+// attention_layer_packed, attention_layer_packed_probs); precision=bf16 takes bf16 weights
+// and computes the projections in bf16 (attention_layer_bf16).
 #include "attention_generator.h"
 
 namespace attn_gen {
@@ -15,13 +16,16 @@ public:
     GeneratorParam<bool> output_probs{"output_probs", false};
     // Packed variable-length sequences (DESIGN.md) instead of a padded batch.
     GeneratorParam<bool> packed{"packed", false};
+    // The projections' operands (attn_gen::Precision); bf16 is a CPU function.
+    GeneratorParam<Precision> precision{"precision", Precision::fp32, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}}};
 
     // Dense: (hidden, seq_q, batch) = [B, S_q, H]. Packed: the token rows as a batch of one,
     // (hidden, token, 1) = [1, T, H].
     Input<Buffer<float, 3>> x{"x"};
-    // (in, out) = [H_out, H_in], nn.Linear's; on a GPU, prepared once as their transposes,
-    // (out, in) = [H_in, H_out] (layer_weights below).
-    Input<Buffer<float, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"}, w_o{"w_o"};
+    // (in, out) = [H_out, H_in], nn.Linear's; on a GPU and in bf16, prepared once as their
+    // transposes, (out, in) = [H_in, H_out] (layer_weights below). float, or bfloat16 in bf16
+    // (configure).
+    Input<Buffer<void, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"}, w_o{"w_o"};
     Input<Buffer<float, 1>> b_q{"b_q"}, b_k{"b_k"}, b_v{"b_v"}, b_o{"b_o"};  // [H]
     Input<Buffer<float, 1>> gamma{"gamma"}, beta{"beta"};                    // [H]
     // (key, query, head, batch) = [B, heads, S_q, S_k], zeros when absent; packed: one
@@ -41,6 +45,7 @@ public:
     GeneratorOutput<Buffer<float, 4>> *probs = nullptr;
 
     void configure() {
+        for (auto *w : {&w_q, &w_k, &w_v, &w_o}) w->set_type(precision == Precision::bf16 ? BFloat(16) : Float(32));
         if (packed) {
             sequence_offsets = add_input<Buffer<int32_t, 1>>("sequence_offsets");
             max_length = add_input<int>("max_length");
@@ -52,12 +57,15 @@ public:
     }
 
     void generate() {
+        if (precision == Precision::bf16 && get_target().has_gpu_feature())
+            _halide_user_error << "attention_layer: precision=bf16 is built for CPUs only, not for " << get_target() << "\n";
         LayerInputs in;
         in.x = x;
         in.w_q = w_q, in.w_k = w_k, in.w_v = w_v, in.w_o = w_o;
         in.b_q = b_q, in.b_k = b_k, in.b_v = b_v, in.b_o = b_o;
         in.gamma = gamma, in.beta = beta;
-        in.weight_layout = layer_weights(get_target());
+        in.precision = precision;
+        in.weight_layout = layer_weights(get_target(), precision);
         in.bias = bias;
         in.causal = causal, in.heads = heads, in.eps = eps;
         in.output_probs = output_probs;
@@ -104,10 +112,13 @@ public:
 
     // A GPU's fused layer reads its weights transposed, as its kernels read them, prepared
     // once by the runtime's Attention (DeviceWeights, runtime/src/pipeline_call.cpp), so no
-    // call launches transposes; the stages, called with their weights each time, and every
-    // CPU, whose panels transpose their slice in cache anyway, take nn.Linear's layout.
-    static WeightLayout layer_weights(const Target &target) {
-        return target.has_gpu_feature() ? WeightLayout::transposed : WeightLayout::linear;
+    // call launches transposes; so does bf16, whose weights the Attention rounds once anyway
+    // (Bf16Weights), and whose panels would otherwise gather 16-bit values one at a time.
+    // The stages, called with their weights each time, and every fp32 CPU layer, whose
+    // panels transpose their slice in cache with f32 vectors, take nn.Linear's layout.
+    static WeightLayout layer_weights(const Target &target, Precision precision) {
+        return target.has_gpu_feature() || precision == Precision::bf16 ? WeightLayout::transposed
+                                                                        : WeightLayout::linear;
     }
 
     void schedule_manual_cpu() {

@@ -69,15 +69,17 @@ private:
 // The accuracy rule of DESIGN.md: the error of `actual` against the double reference
 // may be at most twice that of the plain float32 implementation, plus a small floor.
 struct Accuracy {
-    double max_error = 0, mean_error = 0, tolerance = 0;
+    double max_error = 0, mean_error = 0, tolerance = 0, allowance = 0;
     std::size_t worst_index = 0;
     double worst_actual = 0, worst_reference = 0;
     bool ok = false;
     std::string report(const std::string &what) const;
 };
 constexpr double kAbsoluteFloor = 1e-5;
+// `allowance`: added to the tolerance for a reduced precision's rounding of a computed
+// activation (reference::bf16_context_allowance), stated in the report; 0 in fp32.
 Accuracy check_accuracy(const float *actual, const std::vector<double> &reference,
-                        const std::vector<float> &plain_float32);
+                        const std::vector<float> &plain_float32, double allowance = 0);
 
 double median(std::vector<double> samples);
 // A distribution-free confidence interval of the median: the order statistics

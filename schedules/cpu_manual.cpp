@@ -12,11 +12,21 @@ constexpr TailStrategy kGuard = TailStrategy::GuardWithIf;
 
 int vector_width(const Target &target) { return target.natural_vector_size<float>(); }
 
+// Whether the target multiplies bf16 pairs natively (AVX512_BF16's vdpbf16ps; Halide's
+// avx512_zen4 and avx512_sapphirerapids targets have it). Elsewhere a bf16 GEMM widens its
+// operands to f32 in registers: bf16 storage, f32 arithmetic.
+bool native_bf16(const Target &target) {
+    return target.has_feature(Target::AVX512_Zen4) || target.has_feature(Target::AVX512_SapphireRapids);
+}
+
 // Computes the reduction `tile` (a pure init and one update over `reduction`) as a
 // register tile of `columns` × t.tile_rows at `at`: `column` vectorized and unrolled,
-// `row` unrolled, the reduction outside both.
+// `row` unrolled, the reduction outside both. A bf16 GEMM's reduction starts with its pair
+// of features (attn_gen::Linear::k): with native bf16 the pair and the lanes are one
+// vector of 2·vw products summed pairwise into vw lanes (vdpbf16ps); otherwise the pair
+// is unrolled, each an f32 multiply-add of widened operands.
 void register_tile(Func tile, const Var &column, const Var &row, const std::vector<RVar> &reduction, int columns,
-                   LoopLevel at, const CpuTiling &t, const Target &target) {
+                   LoopLevel at, const CpuTiling &t, const Target &target, bool bf16_pairs = false) {
     const int vw = vector_width(target);
     Var vec{"vec"}, lane{"lane"};
     tile.compute_at(at)
@@ -25,9 +35,20 @@ void register_tile(Func tile, const Var &column, const Var &row, const std::vect
         .vectorize(column, vw)
         .unroll(column)
         .unroll(row);
+    Stage update = tile.update();
+    update.split(column, vec, lane, vw);
+    if (bf16_pairs && native_bf16(target)) {
+        const RVar &pair = reduction[0];
+        RVar pair_lane{"pair_lane"};
+        std::vector<VarOrRVar> order{pair, lane, vec, row};
+        order.insert(order.end(), reduction.begin() + 1, reduction.end());
+        update.reorder(order).fuse(pair, lane, pair_lane).atomic().vectorize(pair_lane).unroll(vec).unroll(row);
+        return;
+    }
     std::vector<VarOrRVar> order{lane, vec, row};
     order.insert(order.end(), reduction.begin(), reduction.end());
-    tile.update().split(column, vec, lane, vw).reorder(order).vectorize(lane).unroll(vec).unroll(row);
+    update.reorder(order).vectorize(lane).unroll(vec).unroll(row);
+    if (bf16_pairs) update.unroll(reduction[0]);
 }
 
 // A reduction over one row (max, sum) computed at `at`, vectorized across the row: a
@@ -53,11 +74,15 @@ void vectorized_row_reduction(Func reduction, RVar along, LoopLevel at, const Ta
 // tile's loads are contiguous) and reuses it for every row block of every batch.
 // `rows` is the loop over rows: the pure seq, or the update's RVar when only some rows
 // are computed (attn_gen::Linear::row).
+// A bf16 GEMM's panel (attn_gen::Linear::weight_transposed, (pair, out, in_pair)) is stored
+// as the tile reads it: with native bf16, pair innermost, so that one load is vw outputs'
+// pairs; otherwise outputs innermost, one vector per feature.
 void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const std::vector<RVar> &reduction,
-                         VarOrRVar rows, LoopLevel at, const CpuTiling &t, const Target &target) {
+                         VarOrRVar rows, LoopLevel at, const CpuTiling &t, const Target &target,
+                         attn_gen::Precision precision = attn_gen::Precision::fp32) {
     const int vw = vector_width(target), panel = vw * t.tile_vectors;
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
-    Var oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
+    Var oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"}, pair{"pair"}, in_pair{"in_pair"};
     VarOrRVar so("so", rows.is_rvar), si("si", rows.is_rvar);
     out.compute_at(at);
     Stage stage = out.has_update_definition() ? Stage(out.update()) : Stage(out);
@@ -66,18 +91,33 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
         .reorder(oi, si, so, b, oo)
         .vectorize(oi, vw, kGuard)
         .parallel(oo);
-    weight_transposed.compute_at(out, oo)
-        .bound_extent(o, panel)
-        .split(in_feature, ko, ki, vw, kGuard)
-        .reorder(o, ki, ko)
-        .vectorize(o, vw)
-        .unroll(ki);
-    register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target);
+    const bool bf16 = precision == attn_gen::Precision::bf16;
+    weight_transposed.compute_at(out, oo).bound_extent(o, panel);
+    if (!bf16) {
+        weight_transposed.split(in_feature, ko, ki, vw, kGuard).reorder(o, ki, ko).vectorize(o, vw).unroll(ki);
+    } else {
+        weight_transposed.bound_extent(pair, 2).reorder(pair, o, in_pair).vectorize(o, vw).unroll(pair);
+        if (!native_bf16(target)) weight_transposed.reorder_storage(o, pair, in_pair);
+    }
+    register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, bf16);
 }
 
 void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, const Target &target) {
     const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
-    schedule_panel_gemm(l.out, l.weight_transposed, l.product, {l.k}, rows, at, t, target);
+    std::vector<RVar> reduction{l.k.x};
+    if (l.k.dimensions() == 2) reduction.push_back(l.k.y);
+    schedule_panel_gemm(l.out, l.weight_transposed, l.product, reduction, rows, at, t, target, l.precision);
+}
+
+// bf16 activations (attn_gen::rounded_to_bf16), rounded once, before the GEMMs that read
+// them in their register tiles.
+void schedule_rounded(Func rounded, const Target &target) {
+    Var so{"so"}, si{"si"};
+    rounded.compute_root()
+        .split(dims.seq, so, si, 16, kGuard)
+        .parallel(so)
+        .parallel(dims.batch)
+        .vectorize(dims.hidden, vector_width(target), kGuard);
 }
 
 // The reduction `product` (col, row, ...) over the columns and rows needed at `at`,
@@ -137,8 +177,14 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
     const int vw = vector_width(target);
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var so{"so"}, si{"si"};
-    schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, {n.in_feature.x, n.in_feature.y}, s,
-                        LoopLevel::root(), t, target);
+    if (n.context_rounded.defined()) {
+        schedule_rounded(n.context_rounded, target);
+        schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, {n.rounded.k.x, n.rounded.k.y}, s,
+                            LoopLevel::root(), t, target, n.rounded.precision);
+    } else {
+        schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, {n.in_feature.x, n.in_feature.y}, s,
+                            LoopLevel::root(), t, target);
+    }
     n.y.compute_root()
         .split(s, so, si, t.tile_rows, kGuard)
         .reorder(o, si, so, b)
@@ -254,6 +300,10 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
                                   const Target &target) {
     const int vw = vector_width(target);
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
+    if (l.x_rounded.defined()) {
+        schedule_rounded(l.x_rounded, target);
+        if (l.kv_rounded.name() != l.x_rounded.name()) schedule_rounded(l.kv_rounded, target);
+    }
     schedule_qkv_projection_cpu(l.q, l.k, l.v, t, target);
     if (probs_are_output) {
         // The caller asked for the probabilities: they are an S×S output anyway.

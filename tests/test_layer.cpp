@@ -1,5 +1,6 @@
 // The fused layer (self- and cross-attention, with and without probabilities) of
 // every variant against the double-precision reference.
+#include "attn/internal.h"
 #include "support/function_check.h"
 
 #include <algorithm>
@@ -123,6 +124,39 @@ INSTANTIATE_TEST_SUITE_P(LongContext, ListedProblemTest,
 
 INSTANTIATE_TEST_SUITE_P(BenchmarkProblems, ListedProblemTest,
                          ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(listed_problems())),
+                         variant_problem_name);
+
+// bf16 (attn::Precision): each variant with a bf16 layer, on the layer's problems, the
+// benchmarks' and an odd hidden size (H = 15, d = 5: the last pair of input features is
+// completed by a zero weight), against the double reference of the same rounding (the
+// weights, and every projection's input, rounded to bf16), under the accuracy rule with
+// the float32 reference of that rounding; test_precision.cpp bounds it against fp32.
+std::vector<VariantInfo> bf16_variant_list() {
+    std::vector<VariantInfo> out;
+    for (const VariantInfo *v : bf16_variants()) out.push_back(*v);
+    return out;
+}
+
+std::vector<Problem> bf16_problems() {
+    std::vector<Problem> problems = layer_problems();
+    for (const Problem &p : listed_problems()) problems.push_back(p);
+    Problem odd;
+    odd.batch = 2, odd.s_q = odd.s_k = 9, odd.hidden = 15, odd.heads = 3, odd.mask = Mask::padding;
+    problems.push_back(odd);
+    return problems;
+}
+
+using Bf16LayerTest = LayerTest;
+
+TEST_P(Bf16LayerTest, MatchesReference) {
+    const auto &[variant, problem] = GetParam();
+    ATTN_SKIP_IF_NOT_RUNNABLE(variant);
+    check_function(variant, detail::kBf16Layer, problem);
+}
+
+INSTANTIATE_TEST_SUITE_P(Bf16Variants, Bf16LayerTest,
+                         ::testing::Combine(::testing::ValuesIn(bf16_variant_list()),
+                                            ::testing::ValuesIn(bf16_problems())),
                          variant_problem_name);
 
 }  // namespace

@@ -30,6 +30,8 @@ DISPATCH = ROOT / "generated" / "dispatch.json"
 # Manifest.MinShapeDimensionsAreTheRuntimes compares them).
 MIN_SHAPE_DIMENSIONS = ["batch", "seq_q", "seq_k", "heads", "head_dim", "hidden"]
 SOURCE_KINDS = ["hand-written", "tuned", "frozen", "in-process"]
+# The precisions of a function's GEMM operands (DESIGN.md, "Reduced precision"), as attn::Precision lists them.
+PRECISIONS = ["fp32", "bf16"]
 
 # The fused layer's functions come from this generator; every other generator is one stage's.
 LAYER_GENERATOR = "attention_layer"
@@ -79,7 +81,15 @@ class Manifest:
                 error(f"ISA {isa}: schedule source {source} has min_shapes there, so the ISA needs a "
                       "hand-written variant to run the shapes below them")
         generators = {f["generator"] for f in self.functions.values()}
+        variant_names = {f"{s}_{i}" for s, i in self.variants()}
         for f in self.functions.values():
+            if f.get("precision", "fp32") not in PRECISIONS:
+                error(f"{f['name']}: precision {f['precision']!r} is not one of {', '.join(PRECISIONS)}")
+            for v in f.get("built_for", []):
+                if v not in variant_names:
+                    error(f"{f['name']}: built_for names {v!r}, not a variant (<source>_<isa>) of the manifest")
+            if "built_for" in f and not f.get("built_for_because"):
+                error(f"{f['name']}: built_for needs built_for_because")
             if f.get("tuned_with", f["generator"]) not in generators:
                 raise ValueError(f"manifest.json: {f['name']}: tuned_with names unknown generator {f['tuned_with']!r}")
             for p in f["manual_parameters"]:
@@ -160,8 +170,34 @@ class Manifest:
                 if (kind is None or self.sources[s]["kind"] == kind) and (arch is None or self.arch(i) == arch)]
 
     def provides(self, source, isa, function):
+        """Whether the variant <source>_<isa> has the function: its source's not_provided, and the
+        function's built_for (the variants it is built for, when it names them). ISA "all": on
+        some ISA."""
         not_provided = self.sources[source].get("not_provided", {})
-        return function not in not_provided.get("all", []) + not_provided.get(isa, [])
+        if function in not_provided.get("all", []) + not_provided.get(isa, []):
+            return False
+        built_for = self.functions[function].get("built_for")
+        if built_for is None:
+            return True
+        return any(v == f"{source}_{isa}" or (isa == "all" and v.startswith(source + "_")) for v in built_for)
+
+    def not_provided_rows(self):
+        """(source, ISA or "all", function) of every variant without a function: its source's
+        not_provided, and the variants a function's built_for leaves out."""
+        rows = [(n, where, f) for n, s in self.sources.items()
+                for where, functions in s.get("not_provided", {}).items() for f in functions]
+        for function in self.functions:
+            if "built_for" not in self.functions[function]:
+                continue
+            for source in self.sources:
+                if not self.provides(source, "all", function):
+                    rows.append((source, "all", function))
+                else:
+                    rows += [(source, isa, function) for isa in self.isas if not self.provides(source, isa, function)]
+        return rows
+
+    def precision(self, function):
+        return self.functions[function].get("precision", "fp32")
 
     def is_gpu(self, isa):
         return self.isas[isa]["device"] != "cpu"
@@ -341,6 +377,7 @@ struct Function {{
     Names params;  // its own generator parameters, key=value
     Names arguments, manual_parameters;
     bool fused_layer;  // of the fused layer's generator; else a stage, or the attention core
+    const char *precision;  // of its GEMMs' operands: "fp32" or "bf16" (attn::Precision)
 }};
 inline constexpr Function kFunctions[] = {{
 {functions}}};
@@ -432,7 +469,7 @@ def emit_header(m, path, arch):
     rows = lambda items: "".join(f"    {{{i}}},\n" for i in items)  # noqa: E731
     functions = [", ".join([_c(n), _c(f["stage"]), _c(f["generator"]), _names(m.generator_params(n)),
                             _names(f["arguments"]), _names(f["manual_parameters"]),
-                            "true" if f["generator"] == LAYER_GENERATOR else "false"])
+                            "true" if f["generator"] == LAYER_GENERATOR else "false", _c(m.precision(n))])
                  for n, f in m.functions.items()]
     isas = [", ".join([_c(n), _c(i["halide_target"]), _c(i["device"]), _names(i.get("cpu_features", [])),
                        str(i.get("dispatch_rank", 0)), "true" if m.arch(n) != arch else "false",
@@ -449,8 +486,7 @@ def emit_header(m, path, arch):
     min_shapes = [", ".join([_c(source), _c(isa), _c(e["function"])]) + ", {" +
                   ", ".join(str(e.get(d, 1)) for d in MIN_SHAPE_DIMENSIONS) + "}"
                   for source, isa, e in m.min_shape_rows()]
-    not_provided = [", ".join([_c(n), _c(where), _c(f)]) for n, s in m.sources.items()
-                    for where, functions in s.get("not_provided", {}).items() for f in functions]
+    not_provided = [", ".join([_c(n), _c(where), _c(f)]) for n, where, f in m.not_provided_rows()]
     classes = [f"{_c(n)}, {c.get('max_seq', 0)}" for n, c in m.shape_classes.items()]
     parameters = [", ".join([_c(n), str(p["default"]), str(p.get("gpu_default", p["default"])),
                              str(p.get("arm_default", p["default"])), str(p["min"]),

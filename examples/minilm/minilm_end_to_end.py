@@ -33,6 +33,16 @@ SENTENCES = [
     "It was too tired.",
 ]
 FLOOR = 1e-5  # the accuracy rule's absolute floor (tests/support/problem.h)
+# The bf16 chain's sentences (DESIGN.md: cosine >= 0.999 with the fp32 embeddings on every one):
+# the three above and five more, of other lengths and topics.
+BF16_SENTENCES = SENTENCES + [
+    "A man is playing a guitar on the stage.",
+    "The new movie is awesome, and the soundtrack even better.",
+    "Quantum computers use qubits, which can be in a superposition of states.",
+    "Where is the nearest train station?",
+    "The committee postponed its decision on the budget until next spring, citing incomplete data.",
+]
+BF16_MIN_COSINE = 0.999
 
 try:
     import numpy as np
@@ -134,6 +144,34 @@ def run_attn(attn, *args):
     return result.stdout
 
 
+def bf16_chain(args, model_dir, tokenizer, exact, plain, config):
+    """The six layers' attention in bf16 (attn run --precision bf16; --allow-storage-only on a
+    CPU without avx512bf16, the same results), the rest in float32 NumPy: each sentence's
+    embedding against the float64 model's, cosine >= BF16_MIN_COSINE."""
+    encodings = tokenizer.encode_batch(BF16_SENTENCES)
+    ids = np.array([e.ids for e in encodings])
+    mask = np.array([e.attention_mask for e in encodings], dtype=bool)
+    np.save(args.work / "bf16_mask.npy", mask)
+    x, x_exact = plain.embeddings(ids).astype(np.float32), exact.embeddings(ids)
+    print(f"bf16 (the attention layers' projections; {len(BF16_SENTENCES)} sentences, padded to {ids.shape[1]}):")
+    for layer in range(config["num_hidden_layers"]):
+        np.save(args.work / "x.npy", x)
+        out = run_attn(args.attn, "run", "--model", str(model_dir), "--layer", str(layer), "--input",
+                       str(args.work / "x.npy"), "--mask", str(args.work / "bf16_mask.npy"), "--output",
+                       str(args.work / "y.npy"), "--precision", "bf16", "--allow-storage-only")
+        if layer == 0:
+            print(f"  layer 0: {out.strip()}")
+        x = plain.feed_forward(layer, np.load(args.work / "y.npy")).astype(np.float32)
+        y_exact, _ = exact.attention(layer, x_exact, mask)
+        x_exact = exact.feed_forward(layer, y_exact)
+    emb, emb_exact = sentence_embeddings(x, mask), sentence_embeddings(x_exact, mask)
+    cosine = (emb.astype(np.float64) * emb_exact).sum(-1)
+    ok = bool((cosine >= BF16_MIN_COSINE).all())
+    print(f"  cosine similarity to the float64 model's embeddings: {', '.join(f'{c:.6f}' for c in cosine)} "
+          f"(at least {BF16_MIN_COSINE} each: {'ok' if ok else 'WRONG'})")
+    return ok
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--attn", required=True, help="the attn executable")
@@ -189,6 +227,8 @@ def main():
     similarity = emb_exact @ emb_exact.T
     print(f"  sentence similarities (float64 model): tired/wide {similarity[0, 1]:.4f}, "
           f"tired/'It was too tired.' {similarity[0, 2]:.4f}")
+
+    ok &= bf16_chain(args, model_dir, tokenizer, exact, plain, config)
 
     print("every runnable variant on layer 0:")
     np.save(args.work / "x.npy", plain.embeddings(ids).astype(np.float32))

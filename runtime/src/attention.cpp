@@ -2,9 +2,12 @@
 // variant), call the fused layer. Packed batches: packed.cpp; the stages: stages.cpp.
 #include "attn/attention.h"
 #include "attn/function_calls.h"
+#include "attn/internal.h"
 
 #include "pipeline_call.h"
 #include "validation.h"
+
+#include <algorithm>
 
 namespace attn {
 
@@ -22,10 +25,57 @@ void synchronize(const VariantInfo &variant) {
     pipeline::check_halide(halide_device_sync_global(nullptr, gpu), "halide", "synchronizing " + variant.name);
 }
 
+namespace {
+
+std::string bf16_variant_names() {
+    std::string names;
+    for (const VariantInfo *v : bf16_variants())
+        names += (names.empty() ? "" : ", ") + v->name + (computes_bf16(*v) ? "" : " (storage only)");
+    return names.empty() ? "none in this build" : names;
+}
+
+// The variant of a bf16 layer (attn::Attention's constructor says which).
+const VariantInfo &bf16_variant(const Config &config, const std::string &name) {
+    const std::string storage_only = "set config.allow_storage_only to run bf16 storage with f32 arithmetic";
+    if (!name.empty()) {
+        const VariantInfo &v = select_variant(name);
+        const std::vector<const VariantInfo *> with = bf16_variants();
+        if (std::none_of(with.begin(), with.end(), [&](const VariantInfo *w) { return w->name == name; }))
+            throw Error("variant", "'" + name + "' does not provide " + detail::kBf16Layer +
+                                       " (precision bf16); the variants that do: " + bf16_variant_names());
+        if (!computes_bf16(v) && !config.allow_storage_only)
+            throw Error("precision", "bf16 on '" + name + "' would only store bf16 and compute in f32 (its ISA, " +
+                                                v.isa + ", has no avx512bf16); " + storage_only);
+        return v;
+    }
+    const VariantInfo *computes = nullptr, *stores = nullptr;
+    std::string missing;
+    for (const VariantInfo *v : bf16_variants()) {
+        if (!v->runnable) continue;
+        (computes_bf16(*v) ? computes : stores) = v;  // the last: of the widest ISA
+    }
+    for (const VariantInfo *v : bf16_variants()) {
+        if (computes_bf16(*v) && !v->runnable) missing = " (" + v->name + ": " + v->not_runnable_reason + ")";
+    }
+    if (computes) return *computes;
+    if (stores && config.allow_storage_only) return *stores;
+    throw Error("precision", "bf16 needs the CPU feature avx512bf16 to compute in bf16, and no bf16 variant that "
+                                    "does can run here" + missing + "; " +
+                                    (stores ? storage_only + " (" + stores->name + ")" : "the variants with bf16: " +
+                                                                                           bf16_variant_names()));
+}
+
+}  // namespace
+
 Attention::Attention(Config config, LayerWeights weights, const std::string &variant)
     : config_(config), weights_(weights), variant_(nullptr) {
-    check_config(config_);
+    check_config(config_, true);
     check_weights(config_, weights_, true, true);
+    if (config_.precision == Precision::bf16) {
+        variant_ = &bf16_variant(config_, variant);
+        bf16_weights_ = std::make_shared<detail::Bf16Weights>(weights_, *variant_);
+        return;
+    }
     variant_ = &select_variant(variant);
     if (variant_->device != "cpu") device_weights_ = std::make_shared<detail::DeviceWeights>(weights_, *variant_);
 }
@@ -48,6 +98,8 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     }
     check_tensor("y", y, {batch, s_q, hidden}, "[B, S_q, H]");
     const bool want_probs = !probs.empty();
+    if (want_probs && bf16_weights_)
+        throw Error("probs", "a bf16 layer (config.precision) has no probabilities output; pass none, or use fp32");
     if (want_probs) check_tensor("probs", probs, {batch, heads, s_q, s_k}, "[B, heads, S_q, S_k]");
     for (const ConstTensor *input : {&in.x, &in.kv, &in.bias}) {
         if (overlaps(y, *input)) throw Error("y", "must not overlap an input buffer");
@@ -66,14 +118,18 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     pipeline::WeightBuffers &w =
         uploaded ? uploaded->weights
                  : *(host_weights = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
+    if (bf16_weights_) w.drop_matrices();
     auto x = pipeline::halide_view(in.x);
     auto kv = cross ? pipeline::halide_view(in.kv) : x;
     auto y_buffer = pipeline::halide_view(y);
     Halide::Runtime::Buffer<float> probs_buffer;
     if (want_probs) probs_buffer = pipeline::halide_view(probs);
-    pipeline::Call call(want_probs ? "attention_layer_probs" : "attention_layer", *variant_,
-                        pipeline::extents(batch, s_q, s_k, heads, hidden));
+    pipeline::Call call(want_probs ? "attention_layer_probs" : bf16_weights_ ? detail::kBf16Layer : "attention_layer",
+                        *variant_, pipeline::extents(batch, s_q, s_k, heads, hidden));
     call.weights(w, uploaded != nullptr).input("key_padding_mask", mask).input("bias", bias).input("x", x, in.x.memory);
+    if (bf16_weights_) {
+        for (detail::Bf16Weights::Matrix &m : bf16_weights_->matrices) call.input(m.name, m.buffer, Memory::host);
+    }
     // Self-attention passes x as kv: the layer's one function takes both.
     if (cross) {
         call.input("kv", kv, in.kv.memory);
@@ -94,7 +150,7 @@ detail::CallWork detail::layer_work(const CallShape &c) {
 
 // The fused layer's by-name call (attn/function_calls.h): through an Attention, made once
 // (a GPU variant uploads its weights then).
-detail::FunctionCall detail::layer_call(bool with_probs) {
+detail::FunctionCall detail::layer_call(bool with_probs, Precision precision) {
     FunctionCall f;
     f.work = layer_work;
     f.outputs = [with_probs](const CallShape &c, const CallInputs &) {
@@ -102,19 +158,31 @@ detail::FunctionCall detail::layer_call(bool with_probs) {
         if (with_probs) out.push_back({"probs", {c.batch, c.config.num_heads, c.s_q, c.s_k}});
         return out;
     };
-    f.prepare = [with_probs](const VariantInfo &variant, const CallShape &c, const CallInputs &in,
-                             const std::vector<MutableTensor> &out) -> std::function<void()> {
-        auto layer = std::make_shared<Attention>(c.config, in.weights, variant.name);
+    // A variant named for its bf16 function runs it as built (storage only on an ISA without avx512bf16).
+    auto config_of = [precision](const CallShape &c) {
+        Config config = c.config;
+        config.precision = precision;
+        config.allow_storage_only = true;
+        return config;
+    };
+    f.prepare = [with_probs, config_of](const VariantInfo &variant, const CallShape &c, const CallInputs &in,
+                                        const std::vector<MutableTensor> &out) -> std::function<void()> {
+        auto layer = std::make_shared<Attention>(config_of(c), in.weights, variant.name);
         const AttentionInputs inputs{in.x, in.kv, in.key_padding_mask, in.bias};
         return [layer, inputs, out, with_probs] {
             layer->forward(inputs, out[0], with_probs ? out[1] : MutableTensor{});
             layer->synchronize();
         };
     };
-    f.reference = [with_probs](const CallShape &c, const CallInputs &in) {
+    f.reference = [with_probs, config_of](const CallShape &c, const CallInputs &in) {
         const AttentionInputs inputs{in.x, in.kv, in.key_padding_mask, in.bias};
-        return layer_reference(reference::attention_layer<double>(c.config, in.weights, inputs),
-                               reference::attention_layer<float>(c.config, in.weights, inputs), with_probs);
+        const Config config = config_of(c);
+        auto exact = reference::attention_layer<double>(config, in.weights, inputs);
+        auto float32 = reference::attention_layer<float>(config, in.weights, inputs);
+        const double allowance = reference::bf16_context_allowance(config, in.weights, inputs, exact, float32);
+        CallReference r = layer_reference(std::move(exact), std::move(float32), with_probs);
+        r.allowance[0] = allowance;
+        return r;
     };
     return f;
 }

@@ -72,6 +72,8 @@ void unpack(ConstTensor packed, OffsetTensor sequence_offsets, MutableTensor pad
 
 void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableTensor probs) const {
     detail::runnable_functions(*variant_);  // a variant that cannot run here is refused first
+    if (config_.precision != Precision::fp32)
+        throw Error("precision", "packed sequences run in fp32 only; a bf16 layer runs forward()");
     const int64_t hidden = config_.hidden_size, heads = config_.num_heads;
     const Shape &xs = in.x.shape;
     if (xs.size() != 2 || xs[0] < 0 || xs[1] != hidden) {
@@ -145,6 +147,8 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
 }
 
 void Attention::forward_unpadded(const AttentionInputs &in, MutableTensor y) const {
+    if (config_.precision != Precision::fp32)
+        throw Error("precision", "forward_unpadded runs in fp32 only; a bf16 layer runs forward()");
     if (!in.kv.empty())
         throw Error("kv", "forward_unpadded computes self-attention: expected no kv, got shape " + str(in.kv.shape));
     const char *layout = "[B, S, H]";

@@ -1,5 +1,6 @@
 #include "pipeline_call.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -146,6 +147,12 @@ WeightBuffers::WeightBuffers(const LayerWeights &w, bool projections, bool outpu
     }
 }
 
+void WeightBuffers::drop_matrices() {
+    weights.erase(std::remove_if(weights.begin(), weights.end(),
+                                 [](const Weight &w) { return w.buffer.dimensions() == 2; }),
+                  weights.end());
+}
+
 Call::Call(const std::string &function, const VariantInfo &variant, const ProblemExtents &extents)
     : what_(function + " (" + variant.name +
             (variant.runs_own_kernels(function, extents) ? "" : ", " + variant.fallback + "'s kernels") + ")"),
@@ -213,4 +220,26 @@ DeviceWeights::DeviceWeights(const LayerWeights &w, const VariantInfo &variant) 
         ++pipeline::uploads;
     }
 }
+}  // namespace attn::detail
+
+namespace attn::detail {
+
+Bf16Weights::Bf16Weights(const LayerWeights &w, const VariantInfo &variant) {
+    matrices.reserve(4);
+    for (const validation::WeightArgument &a : validation::kWeightArguments) {
+        const ConstTensor &t = w.*a.tensor;
+        if (t.shape.size() != 2) continue;
+        if (t.memory == Memory::device) pipeline::check_cuda_variant(a.name, variant);  // refused: bf16 is a CPU's
+        Matrix &m = matrices.emplace_back();
+        m.name = a.name;
+        const int64_t out = t.shape[0], in = t.shape[1];
+        m.bits.resize(std::size_t(out * in));
+        for (int64_t o = 0; o < out; ++o)
+            for (int64_t i = 0; i < in; ++i) m.bits[std::size_t(i * out + o)] = bf16_bits(t.data[o * in + i]);
+        // [H_in, H_out]: (out, in) in Halide's order.
+        halide_dimension_t dims[2] = {{0, int32_t(out), 1}, {0, int32_t(in), int32_t(out)}};
+        m.buffer = Halide::Runtime::Buffer<void>(halide_type_t(halide_type_bfloat, 16), m.bits.data(), 2, dims);
+    }
+}
+
 }  // namespace attn::detail

@@ -88,6 +88,8 @@ struct WeightBuffers {
     };
     std::vector<Weight> weights;
     WeightBuffers(const LayerWeights &w, bool projections, bool output);
+    // Leaves out the matrices (a bf16 call binds its own: detail::Bf16Weights).
+    void drop_matrices();
 };
 
 // CUDA device memory (a view's data is a CUdeviceptr) wrapped in place for a CUDA
@@ -165,5 +167,20 @@ struct DeviceWeights {
     pipeline::RowCache<uint8_t> ones;  // an absent mask's, for the next call
     pipeline::RowCache<float> zeros;   // an absent bias's
     DeviceWeights(const LayerWeights &w, const VariantInfo &variant);
+};
+
+// A bf16 Attention's four matrices (Precision::bf16), rounded to bf16 once (attn::bf16_bits)
+// from host memory and held here transposed, [H_in, H_out], the layout the bf16 layer reads
+// (generators/layer_generator.cpp: layer_weights), as Halide bfloat16 buffers.
+struct Bf16Weights {
+    struct Matrix {
+        const char *name;
+        std::vector<uint16_t> bits;
+        Halide::Runtime::Buffer<void> buffer;  // over bits
+    };
+    std::vector<Matrix> matrices;
+    Bf16Weights(const LayerWeights &w, const VariantInfo &variant);
+    Bf16Weights(const Bf16Weights &) = delete;
+    Bf16Weights &operator=(const Bf16Weights &) = delete;
 };
 }  // namespace attn::detail

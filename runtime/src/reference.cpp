@@ -1,7 +1,32 @@
 #include "attn/reference.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+
+namespace attn::reference {
+
+}  // namespace attn::reference
+
+namespace attn {
+
+uint16_t bf16_bits(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    if (std::isnan(f)) return uint16_t((bits >> 16) | 0x40);  // quiet, sign kept
+    bits += 0x7fff + ((bits >> 16) & 1);                        // to nearest, ties to even
+    return uint16_t(bits >> 16);
+}
+
+float round_to_bf16(float f) {
+    const uint32_t bits = uint32_t(bf16_bits(f)) << 16;
+    float out;
+    std::memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+}  // namespace attn
 
 namespace attn::reference {
 
@@ -122,19 +147,47 @@ std::vector<T> output_layernorm(const Config &config, Sizes sz, const std::vecto
     return y;
 }
 
+namespace {
+// A GEMM's input in the layer's precision: itself, or each value rounded to bf16.
 template <typename T>
-LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &w, const AttentionInputs &in) {
+std::vector<T> gemm_input(const Config &config, std::vector<T> values) {
+    if (config.precision == Precision::bf16) {
+        for (T &v : values) v = T(round_to_bf16(float(v)));
+    }
+    return values;
+}
+
+// The layer's weights in its precision: the caller's, or the four matrices rounded to bf16
+// (held in `rounded`).
+LayerWeights gemm_weights(const Config &config, const LayerWeights &w, std::vector<std::vector<float>> &rounded) {
+    if (config.precision == Precision::fp32) return w;
+    LayerWeights out = w;
+    for (ConstTensor LayerWeights::*m : {&LayerWeights::w_q, &LayerWeights::w_k, &LayerWeights::w_v, &LayerWeights::w_o}) {
+        const ConstTensor &t = w.*m;
+        rounded.push_back(gemm_input(config, std::vector<float>(t.data, t.data + element_count_of(t))));
+        out.*m = ConstTensor{rounded.back().data(), rounded.back().size(), t.shape};
+    }
+    return out;
+}
+}  // namespace
+
+template <typename T>
+LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &given, const AttentionInputs &in) {
     const bool cross = !in.kv.empty();
     Sizes sz{in.x.shape[0], in.x.shape[1], cross ? in.kv.shape[1] : in.x.shape[1]};
+    std::vector<std::vector<float>> rounded;
+    rounded.reserve(4);
+    const LayerWeights w = gemm_weights(config, given, rounded);
     const std::vector<T> x = widen<T>(in.x), kv = cross ? widen<T>(in.kv) : x;
+    const std::vector<T> x_in = gemm_input(config, x), kv_in = gemm_input(config, kv);
     LayerOutputs<T> out;
-    out.q = linear(x, sz.batch * sz.s_q, w.w_q, w.b_q);
-    out.k = linear(kv, sz.batch * sz.s_k, w.w_k, w.b_k);
-    out.v = linear(kv, sz.batch * sz.s_k, w.w_v, w.b_v);
+    out.q = linear(x_in, sz.batch * sz.s_q, w.w_q, w.b_q);
+    out.k = linear(kv_in, sz.batch * sz.s_k, w.w_k, w.b_k);
+    out.v = linear(kv_in, sz.batch * sz.s_k, w.w_v, w.b_v);
     out.scores = attention_scores(config, sz, out.q, out.k, in.bias);
     out.probs = masked_softmax(config, sz, out.scores, in.key_padding_mask);
     out.ctx = weighted_sum(config, sz, out.probs, out.v);
-    out.y = output_layernorm(config, sz, out.ctx, x, w);
+    out.y = output_layernorm(config, sz, gemm_input(config, out.ctx), x, w);
     return out;
 }
 
@@ -181,5 +234,46 @@ PackedOutputs<T> attention_layer_packed(const Config &config, const LayerWeights
 ATTN_INSTANTIATE(float)
 ATTN_INSTANTIATE(double)
 #undef ATTN_INSTANTIATE
+
+double bf16_context_allowance(const Config &config, const LayerWeights &given, const AttentionInputs &inputs,
+                              const LayerOutputs<double> &exact, const LayerOutputs<float> &float32) {
+    if (config.precision == Precision::fp32) return 0;
+    std::vector<std::vector<float>> rounded;
+    const LayerWeights w = gemm_weights(config, given, rounded);
+    const int64_t H = config.hidden_size, rows = int64_t(exact.ctx.size()) / H;
+    double max_v = 0;
+    for (double v : exact.v) max_v = std::max(max_v, std::abs(v));
+    double allowance = 0;
+    std::vector<double> shift(static_cast<std::size_t>(H)), z(static_cast<std::size_t>(H));
+    for (int64_t r = 0; r < rows; ++r) {
+        std::fill(shift.begin(), shift.end(), 0.0);
+        for (int64_t e = 0; e < H; ++e) {
+            const double c = exact.ctx[r * H + e];
+            if (c == 0) continue;  // (a zero context, a fully masked row's, is exact)
+            const double eta = 2 * std::abs(double(float32.ctx[r * H + e]) - c) + 4e-6 * max_v;
+            // The midpoint between the bf16 neighbours of c: the one toward zero plus half an ulp.
+            const double ulp = std::ldexp(1.0, std::ilogb(c) - 7);
+            const double toward_zero = std::trunc(c / ulp) * ulp;
+            if (std::abs(c - (toward_zero + std::copysign(ulp / 2, c))) >= eta) continue;
+            for (int64_t o = 0; o < H; ++o) shift[o] += ulp * std::abs(double(w.w_o.data[o * H + e]));
+        }
+        const double largest = *std::max_element(shift.begin(), shift.end());
+        if (largest == 0) continue;
+        // σ of the row's LayerNorm input z = x + round(ctx)·W_oᵀ + b_o.
+        double mean = 0, var = 0;
+        for (int64_t o = 0; o < H; ++o) {
+            double acc = double(inputs.x.data[r * H + o]) + double(w.b_o.data[o]);
+            for (int64_t e = 0; e < H; ++e)
+                acc += double(round_to_bf16(float(exact.ctx[r * H + e]))) * double(w.w_o.data[o * H + e]);
+            mean += (z[o] = acc);
+        }
+        mean /= double(H);
+        for (int64_t o = 0; o < H; ++o) var += (z[o] - mean) * (z[o] - mean);
+        const double sigma = std::sqrt(var / double(H) + double(config.layer_norm_eps));
+        for (int64_t o = 0; o < H; ++o)
+            allowance = std::max(allowance, std::abs(double(w.gamma.data[o])) * (shift[o] + 2 * largest) / sigma);
+    }
+    return allowance;
+}
 
 }  // namespace attn::reference

@@ -338,6 +338,7 @@ const FunctionCall &function_call(const std::string &function) {
         {"attention_core", stages::attention_core_call()},
         {"output_layernorm", stages::output_layernorm_call()},
         {"attention_layer", layer_call(false)},
+        {"attention_layer_bf16", layer_call(false, Precision::bf16)},
         {"attention_layer_probs", layer_call(true)},
         {"attention_layer_packed", packed_layer_call(false)},
         {"attention_layer_packed_probs", packed_layer_call(true)},

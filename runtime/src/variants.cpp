@@ -171,6 +171,21 @@ std::string default_variant_reason() {
     return c.entry ? c.entry->info.name + ": " + c.reason : "no compiled variant can run on this CPU";
 }
 
+bool computes_bf16(const VariantInfo &variant) {
+    for (const manifest::Isa &i : manifest::kIsas) {
+        if (variant.isa == i.name) return i.cpu_features.contains("avx512bf16");
+    }
+    return false;
+}
+
+std::vector<const VariantInfo *> bf16_variants() {
+    std::vector<const VariantInfo *> out;
+    for (const VariantInfo &v : variants()) {
+        if (std::find(v.functions.begin(), v.functions.end(), detail::kBf16Layer) != v.functions.end()) out.push_back(&v);
+    }
+    return out;
+}
+
 const VariantInfo &select_variant(const std::string &name) {
     if (name.empty()) {
         const DefaultChoice &c = default_choice();

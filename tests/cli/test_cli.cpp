@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <sstream>
 
 namespace attn::cli {
 namespace {
@@ -665,8 +666,12 @@ TEST_F(CliTest, GenerateLeavesOutWhatTheSourceCannotProvideOnTheTarget) {
     EXPECT_NE(r.output.find("would generate attn_attention_layer_li2018_"), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("would generate attn_attention_layer_packed_li2018_"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(path("dry"))) << "a dry run wrote its output folder";
+    // On arm64 the hand-written schedule provides every fp32 function; bf16 is built for x86 (built_for).
     const Result manual = attn("generate --dry-run --target arm-64-linux --schedule manual --out " + path("dry"));
-    EXPECT_EQ(manual.output.find("leaving out"), std::string::npos) << manual.output;
+    std::istringstream lines(manual.output);
+    for (std::string line; std::getline(lines, line);) {
+        if (line.rfind("leaving out ", 0) == 0) EXPECT_NE(line.find("_bf16: "), std::string::npos) << line;
+    }
 }
 
 }  // namespace

@@ -79,11 +79,26 @@ TensorView<T> device_view(uint64_t device_pointer, std::size_t size, Shape shape
     return {reinterpret_cast<T *>(static_cast<uintptr_t>(device_pointer)), size, std::move(shape), Memory::device};
 }
 
+// The precision of the layer's four projections (DESIGN.md, "Reduced precision"); the
+// attention core, softmax, residual and LayerNorm are f32 in both.
+//   fp32: f32 weights and activations.
+//   bf16: the weights rounded to bf16 once, when the Attention is made (to nearest even;
+//         half the memory), the activations rounded to bf16 as they enter each projection,
+//         products summed in f32: with AVX512_BF16's vdpbf16ps (variants of an ISA with
+//         avx512bf16), or, where the CPU lacks it and Config::allow_storage_only says so,
+//         widened to f32 (bf16 storage, f32 arithmetic: the same results, not the speed).
+//         Attention::forward only, without the probabilities; attn::bf16_variants() lists
+//         the variants that have it.
+enum class Precision { fp32, bf16 };
+
 struct Config {
     int64_t hidden_size = 768;
     int64_t num_heads = 12;
     float layer_norm_eps = 1e-12f;
     bool causal = false;  // decoder mask: key j excluded for query i when j > i + (S_k − S_q)
+    Precision precision = Precision::fp32;
+    // bf16 on a CPU without avx512bf16: run the bf16-storage variant rather than refuse.
+    bool allow_storage_only = false;
 
     int64_t head_dim() const { return num_heads > 0 ? hidden_size / num_heads : 0; }
 };
@@ -179,6 +194,16 @@ struct VariantInfo {
 
 // Every compiled variant, by ISA then schedule source, in manifest order.
 const std::vector<VariantInfo> &variants();
+// bf16 values as the bf16 projections take them: f rounded to the nearest bf16 (ties to
+// even; NaN stays NaN), as its bits, and as the float it stands for.
+uint16_t bf16_bits(float f);
+float round_to_bf16(float f);
+
+// The variants with a bf16 layer (manifest.json: attention_layer_bf16), and whether one
+// computes in bf16 (its ISA has avx512bf16) or only stores bf16 (computes in f32).
+std::vector<const VariantInfo *> bf16_variants();
+bool computes_bf16(const VariantInfo &variant);
+
 // The variant to use on this machine, when `name` is empty: on a CPU measured here
 // (generated/dispatch.json, written by tools/dispatch.py from interleaved comparisons) whose
 // widest instruction set the measurement covered, the variant closest to the fastest on
@@ -211,6 +236,7 @@ void synchronize(const VariantInfo &variant);
 // One attention layer: validated weights bound to a variant.
 namespace detail {
 struct DeviceWeights;
+struct Bf16Weights;
 }
 
 class Attention {
@@ -218,7 +244,12 @@ public:
     // A GPU variant prepares its weights here, once: each matrix transposed into the layout
     // its kernels read (a device-memory one is copied to the host for it), then every
     // weight copied to the device (a device-memory vector is read in place). The object
-    // keeps that copy: later changes to the caller's weights are not seen.
+    // keeps that copy: later changes to the caller's weights are not seen. So does bf16
+    // (config.precision), which rounds the four matrices to bf16 here (host memory). With
+    // bf16 and no variant named, the variant is the bf16 one of the widest ISA this CPU
+    // runs that computes in bf16, or, if config.allow_storage_only, one that stores bf16;
+    // a variant without bf16, or one that only stores it when that is not allowed, is
+    // refused (attn::Error naming config.precision or the variant, and what is missing).
     Attention(Config config, LayerWeights weights, const std::string &variant = "");
 
     // y [B, S_q, H]. `probs`, if given, receives [B, heads, S_q, S_k].
@@ -244,6 +275,7 @@ private:
     LayerWeights weights_;
     const VariantInfo *variant_;
     std::shared_ptr<detail::DeviceWeights> device_weights_;  // GPU variants: the weights on the device
+    std::shared_ptr<detail::Bf16Weights> bf16_weights_;      // bf16: the matrices rounded
 };
 
 // The stages of the layer, each its own AOT pipeline; shapes as in DESIGN.md.

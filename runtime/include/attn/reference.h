@@ -52,8 +52,36 @@ template <typename T>
 struct LayerOutputs {
     std::vector<T> q, k, v, scores, probs, ctx, y;
 };
+// In config.precision: bf16 computes its four projections from the weights rounded to
+// bf16 (attn::round_to_bf16) and from their inputs rounded so (x and kv as they enter
+// Q, K and V; the context as it enters the output projection), then in T like fp32; the
+// residual is the unrounded x.
 template <typename T>
 LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &weights, const AttentionInputs &inputs);
+
+// bf16: how far y may move, beyond the f32 evaluation error of the same formula, because an
+// implementation's context differs from the exact one and so may round to the other bf16
+// neighbour where it lies near the midpoint of two. An element of the context is such a
+// candidate when the exact value is within η of a midpoint, η = 2·|float32 − exact| (the
+// accuracy rule's f32 error) + 4e-6·max|V| (the flash core's exp, Halide's fast_exp, errs
+// by 1.7e-6 relatively at most, in the weights and in their sum). Each candidate moves the
+// output projection z by one bf16 ulp times |W_o|; LayerNorm passes a row's Δz on to y as
+// at most |γ|·(|Δz_o| + 2·max|Δz|)/σ (the mean's shift, and σ's to first order). Returns
+// the largest over y; 0 for fp32.
+double bf16_context_allowance(const Config &config, const LayerWeights &weights, const AttentionInputs &inputs,
+                              const LayerOutputs<double> &exact, const LayerOutputs<float> &float32);
+
+// bf16: how far y may move, beyond the f32 evaluation error of the same formula, because an
+// implementation's context differs from the exact one and so rounds to the other bf16
+// neighbour where it lies near the midpoint of two. An element of the context is such a
+// candidate when the exact value is within η of a midpoint, η = 2·|float32 − exact| (the
+// accuracy rule's f32 error) + 4e-6·max|V| (the flash core's exp, Halide's fast_exp, errs
+// by 1.7e-6 relatively at most, in the numerator and the denominator). Each candidate moves
+// the projection z by one bf16 ulp times |W_o|; LayerNorm passes a change Δz of a row on to
+// y as at most |γ|·(|Δz_o| + 2·max|Δz|)/σ (the shift of the mean, and to first order of
+// σ). Returns the largest over y; 0 for fp32.
+double bf16_context_allowance(const Config &config, const LayerWeights &weights, const LayerOutputs<double> &exact,
+                              const LayerOutputs<float> &float32);
 
 // Packed sequences (DESIGN.md): each sequence through attention_layer as a batch of one
 // of its length, with its top-left corner of the bias. y [T, H]; probs each sequence's
