@@ -64,16 +64,24 @@ void expect_error(const char *argument, const std::string &message, Call &&call)
     ADD_FAILURE() << "no attn::Error(" << argument << ")";
 }
 
+// A build without bf16 variants (arm64: manifest.json's built_for) refuses bf16, saying so.
+#define ATTN_SKIP_WITHOUT_BF16(d)                                                                              \
+    if (bf16_variants().empty()) {                                                                           \
+        expect_error("precision", "none in this build", [&] { Attention(bf16_config((d).problem, true), (d).weights()); }); \
+        GTEST_SKIP() << "this build has no bf16 variant (manifest.json: built_for)";                          \
+    }
+
 TEST(Bf16, DefaultIsTheWidestVariantThatComputesBf16) {
     const LayerData d(small());
+    ATTN_SKIP_WITHOUT_BF16(d);
     const VariantInfo *computes = first_bf16(true);
     if (!computes) {
-        // This CPU lacks avx512bf16: refused, and the message says how to allow storage only.
+        // None that computes in bf16 runs here: refused, and the message says how to allow storage only.
         expect_error("precision", "config.allow_storage_only", [&] { Attention(bf16_config(d.problem), d.weights()); });
         const VariantInfo *stores = first_bf16(false);
         ASSERT_NE(stores, nullptr);
         EXPECT_EQ(Attention(bf16_config(d.problem, true), d.weights()).variant().name, stores->name);
-        GTEST_SKIP() << "this CPU lacks avx512bf16: the native bf16 variant cannot run";
+        GTEST_SKIP() << "no variant that computes in bf16 runs here (this CPU lacks avx512bf16, or the build that variant)";
     }
     const Attention layer(bf16_config(d.problem), d.weights());
     EXPECT_TRUE(computes_bf16(layer.variant())) << layer.variant().name;
@@ -83,6 +91,7 @@ TEST(Bf16, DefaultIsTheWidestVariantThatComputesBf16) {
 
 TEST(Bf16, RefusesWhatItCannotDo) {
     LayerData d(small());
+    ATTN_SKIP_WITHOUT_BF16(d);
     const Config bf16 = bf16_config(d.problem);
     // A variant without a bf16 layer, named.
     for (const VariantInfo &v : variants()) {
@@ -216,6 +225,7 @@ class Bf16AgainstFp32 : public ::testing::TestWithParam<Problem> {};
 TEST_P(Bf16AgainstFp32, WithinTheRoundingBound) {
     const Problem &p = GetParam();
     const LayerData d(p);
+    ATTN_SKIP_WITHOUT_BF16(d);
     Config fp32 = p.config();
     const auto exact = reference::attention_layer<double>(fp32, d.weights(), d.inputs());
     const auto plain = reference::attention_layer<float>(fp32, d.weights(), d.inputs());
