@@ -323,10 +323,16 @@ class AttentionLayer:
     Weights in nn.Linear's convention (w_* [H, H] as [out, in], biases [H]), float32 NumPy
     arrays or torch tensors; they are viewed, not copied, and must not change while the layer
     is used (torch.nn.Module parameters may: from_hf keeps the module's own tensors).
+
+    precision="bf16" computes the four projections in bf16 (attn::Precision::bf16): the weight
+    matrices rounded to bf16 once, here (so later changes to them are not seen), the inputs of
+    each projection rounded as they enter, f32 sums; inputs and outputs stay float32. It runs
+    on a CPU with avx512bf16, or, with allow_storage_only=True, as bf16 storage with f32
+    arithmetic elsewhere; without probabilities, and padded batches computed with their padding.
     """
 
     def __init__(self, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, gamma, beta, *, num_heads, layer_norm_eps=1e-12,
-                 causal=False, variant=None):
+                 causal=False, variant=None, precision="fp32", allow_storage_only=False):
         weights = dict(zip(_WEIGHTS, (w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, gamma, beta)))
         for name, w in weights.items():
             _as_array(name, w)
@@ -342,19 +348,23 @@ class AttentionLayer:
         self.weights = {name: _contiguous(w) for name, w in weights.items()}
         self.hidden_size, self.num_heads = hidden, num_heads
         self.layer_norm_eps, self.causal = float(layer_norm_eps), bool(causal)
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision: expected 'fp32' or 'bf16', got {precision!r}")
+        self.precision = precision
         self._layer = _call({"hidden_size": "w_q", "layer_norm_eps": "layer_norm_eps"}, _attn.Layer, hidden,
                             num_heads, self.layer_norm_eps, self.causal, self.weights,
-                            _variant_for(variant, self.weights["w_q"], "w_q"))
+                            _variant_for(variant, self.weights["w_q"], "w_q"), precision, bool(allow_storage_only))
         self.variant = self._layer.variant["name"]
         self._device = self._layer.variant["device"]
         if _is_torch(w_q):
             from . import _torch_ops
             _torch_ops.remember(self)
-        # Padded batches skip their padding through the packed function, where the variant has it.
-        self._skips_padding = "attention_layer_packed" in self._layer.variant["functions"]
+        # Padded batches skip their padding through the packed function, where the variant has it
+        # (fp32 only).
+        self._skips_padding = precision == "fp32" and "attention_layer_packed" in self._layer.variant["functions"]
 
     @classmethod
-    def from_hf(cls, module, variant=None):
+    def from_hf(cls, module, variant=None, precision="fp32", allow_storage_only=False):
         """The fused layer of a transformers BertAttention (or one of its family: RoBERTa,
         MiniLM, ...: a `.self` with query/key/value Linears and an `.output` with dense and
         LayerNorm), sharing the module's parameter tensors."""
@@ -370,7 +380,8 @@ class AttentionLayer:
         return cls(s.query.weight, s.query.bias, s.key.weight, s.key.bias, s.value.weight, s.value.bias,
                    o.dense.weight, o.dense.bias, o.LayerNorm.weight, o.LayerNorm.bias,
                    num_heads=int(s.num_attention_heads), layer_norm_eps=float(o.LayerNorm.eps),
-                   causal=bool(getattr(s, "is_causal", False)), variant=variant)
+                   causal=bool(getattr(s, "is_causal", False)), variant=variant, precision=precision,
+                   allow_storage_only=allow_storage_only)
 
     def forward(self, hidden_states, attention_mask=None, output_attentions=False, *, cu_seqlens=None, bias=None):
         """hidden_states [B, S, H] -> [B, S, H]; or, with cu_seqlens ([B + 1] int32 offsets of
@@ -456,4 +467,4 @@ class AttentionLayer:
 
     def __repr__(self):
         return (f"attn.AttentionLayer(hidden_size={self.hidden_size}, num_heads={self.num_heads}, "
-                f"causal={self.causal}, variant={self.variant!r})")
+                f"causal={self.causal}, variant={self.variant!r}, precision={self.precision!r})")

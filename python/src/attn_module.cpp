@@ -118,8 +118,12 @@ attn::OffsetTensor offsets(const char *name, const Array &a) {
 class Layer {
 public:
     Layer(int64_t hidden_size, int64_t num_heads, float layer_norm_eps, bool causal, const nb::dict &weights,
-          const std::string &variant) {
+          const std::string &variant, const std::string &precision, bool allow_storage_only) {
         attn::Config config{hidden_size, num_heads, layer_norm_eps, causal};
+        if (precision != "fp32" && precision != "bf16")
+            throw nb::value_error(("precision: expected 'fp32' or 'bf16', got '" + precision + "'").c_str());
+        config.precision = precision == "bf16" ? attn::Precision::bf16 : attn::Precision::fp32;
+        config.allow_storage_only = allow_storage_only;
         attn::LayerWeights w;
         const std::pair<const char *, attn::ConstTensor attn::LayerWeights::*> named[] = {
             {"w_q", &attn::LayerWeights::w_q},     {"b_q", &attn::LayerWeights::b_q},
@@ -252,8 +256,10 @@ NB_MODULE(_attn, m) {
         nb::arg("variant"));
 
     nb::class_<Layer>(m, "Layer")
-        .def(nb::init<int64_t, int64_t, float, bool, const nb::dict &, const std::string &>(), nb::arg("hidden_size"),
-             nb::arg("num_heads"), nb::arg("layer_norm_eps"), nb::arg("causal"), nb::arg("weights"), nb::arg("variant"))
+        .def(nb::init<int64_t, int64_t, float, bool, const nb::dict &, const std::string &, const std::string &, bool>(),
+             nb::arg("hidden_size"), nb::arg("num_heads"), nb::arg("layer_norm_eps"), nb::arg("causal"),
+             nb::arg("weights"), nb::arg("variant"), nb::arg("precision") = "fp32",
+             nb::arg("allow_storage_only") = false)
         .def("forward", &Layer::forward, nb::arg("x"), nb::arg("y"), nb::arg("kv").none(),
              nb::arg("key_padding_mask").none(), nb::arg("bias").none(), nb::arg("probs").none())
         .def("forward_packed", &Layer::forward_packed, nb::arg("x"), nb::arg("cu_seqlens"), nb::arg("y"),

@@ -158,3 +158,27 @@ def test_torch_compile_fullgraph():
         return layer(x * 1.5, mask).relu()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     assert torch.allclose(compiled(x, mask), model(x, mask), atol=1e-6)
+
+
+def bf16_available():
+    return any("attention_layer_bf16" in v["functions"] and v["runnable"] for v in attn.variants())
+
+
+@pytest.mark.skipif(not bf16_available(), reason="this build has no runnable bf16 variant (arm64: built_for)")
+def test_bf16_layer_is_close_to_fp32_and_not_it():
+    layer, w, x = layer_and_input()
+    bf16 = attn.AttentionLayer(*(w[n] for n in attn._WEIGHTS), num_heads=HEADS, layer_norm_eps=EPS,
+                               precision="bf16", allow_storage_only=True)
+    assert bf16.precision == "bf16" and "bf16" in repr(bf16)
+    mask = torch.ones(3, 11, dtype=torch.int64)
+    mask[1, 6:] = 0
+    y, y32 = bf16(x, mask), layer(x, mask)
+    real = mask.bool()
+    difference = (y[real] - y32[real]).abs().max().item()
+    # Rounded weights and inputs (u = 2^-8) move y by about 1e-3 here (tests/test_precision.cpp
+    # bounds it); a bf16 layer equal to fp32 would have computed in fp32.
+    assert 1e-5 < difference < 0.05, difference
+    with pytest.raises(attn.Error, match="^output_attentions: "):
+        bf16(x, mask, output_attentions=True)
+    with pytest.raises(ValueError, match="^precision: expected 'fp32' or 'bf16', got 'fp16'"):
+        attn.AttentionLayer(*(w[n] for n in attn._WEIGHTS), num_heads=HEADS, precision="fp16")
