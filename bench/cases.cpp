@@ -312,6 +312,10 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
                 add(kLayerFunction, v->name, lp, [v, &lp] { return function_case("attention_layer_packed", *v, lp); });
                 add(kLayerFunction, "per_sequence_" + v->name, lp, [v, &lp] { return per_sequence_layer(*v, lp); });
             }
+            for (const VariantInfo *v : bf16_variants()) {
+                add(kLayerFunction, v->name + kBf16Suffix, lp,
+                    [v, &lp] { return function_case(detail::kBf16PackedLayer, *v, lp); });
+            }
             continue;
         }
         for (const VariantInfo *v : timed) {

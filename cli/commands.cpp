@@ -113,7 +113,6 @@ int run_layer(const RunOptions &options) {
 
     const bool bf16 = options.precision == "bf16";
     if (bf16 && !options.probs.empty()) throw Error("--probs", "a bf16 layer has no probabilities output; drop --probs");
-    if (bf16 && options.packed) throw Error("--packed", "packed sequences run in fp32 only; drop --packed");
     checkpoint.config.precision = bf16 ? Precision::bf16 : Precision::fp32;
     checkpoint.config.allow_storage_only = options.allow_storage_only;
     const Attention layer = [&] {

@@ -43,7 +43,7 @@ int main(int argc, char **argv) {
     run_cmd
         ->add_option("--precision", run.precision,
                      "the projections' precision: fp32, or bf16 (bf16 weights and inputs, f32 sums; vdpbf16ps where "
-                     "the CPU has avx512bf16; no --probs or --packed)")
+                     "the CPU has avx512bf16; no --probs)")
         ->check(CLI::IsMember({"fp32", "bf16"}))
         ->capture_default_str();
     run_cmd->add_flag("--allow-storage-only", run.allow_storage_only,

@@ -126,6 +126,36 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, PackedTest,
                          ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(packed_cases())),
                          variant_packed_name);
 
+// bf16 (attention_layer_packed_bf16): each variant with a bf16 layer on every packed case,
+// against the double reference of the same rounding, as test_layer.cpp's Bf16LayerTest.
+std::vector<VariantInfo> bf16_variant_list() {
+    std::vector<VariantInfo> out;
+    for (const VariantInfo *v : bf16_variants()) out.push_back(*v);
+    return out;
+}
+
+using Bf16PackedTest = PackedTest;
+
+TEST_P(Bf16PackedTest, MatchesReference) {
+    const auto &[variant, c] = GetParam();
+    ATTN_SKIP_IF_NOT_RUNNABLE(variant);
+    const PackedData data(c);
+    const PackedInputs in = data.inputs();
+    Config config = data.config();
+    config.precision = Precision::bf16;
+    config.allow_storage_only = true;
+    const PackedReferenceRun &ref = packed_reference_run(std::string(c.name) + "_bf16", config, data.layer.weights(), in);
+    GuardedOutput y({c.tokens(), c.hidden});
+    Attention(config, data.layer.weights(), variant.name).forward_packed(in, y.view());
+    expect_matches_reference("y", y, ref.exact.y, ref.float32.y, ref.exact.bf16_allowance);
+}
+
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Bf16PackedTest);  // (arm64 builds no bf16 variant)
+INSTANTIATE_TEST_SUITE_P(Bf16Variants, Bf16PackedTest,
+                         ::testing::Combine(::testing::ValuesIn(bf16_variant_list()),
+                                            ::testing::ValuesIn(packed_cases())),
+                         variant_packed_name);
+
 // The listed packed problems (the benchmarks'), the long ones at hidden 64 with 2 heads
 // as in test_layer.cpp; and the same lengths as a padded batch through forward_unpadded
 // (at hidden 64): its real rows match the dense reference's, its padded rows are zeros.

@@ -1,7 +1,7 @@
 // bf16 (attn::Precision): the rounding the runtime and the reference share, the choice of
 // variant and its refusals, and the bf16 layer against the fp32 reference under a bound
 // derived from the rounding. (Each bf16 variant against the double reference of the same
-// rounding: test_layer.cpp, Bf16LayerTest.)
+// rounding: test_layer.cpp's Bf16LayerTest, test_packed.cpp's Bf16PackedTest.)
 #include "attn/internal.h"
 #include "support/variant_param.h"
 
@@ -114,12 +114,12 @@ TEST(Bf16, RefusesWhatItCannotDo) {
         layer.forward(d.inputs(), y_view, view(probs, {d.problem.batch, d.problem.heads, d.problem.s_q, d.problem.s_k}));
     });
     const PackedBatch packed = d.packed();
-    std::vector<float> y_packed(packed.x.size());
-    expect_error("precision", "fp32 only",
-                 [&] { layer.forward_packed(packed.inputs(), view(y_packed, {packed.tokens(), packed.hidden})); });
-    AttentionInputs self = d.inputs();
-    self.kv = {};
-    expect_error("precision", "fp32 only", [&] { layer.forward_unpadded(self, y_view); });
+    std::vector<float> y_packed(packed.x.size()), probs_packed(std::size_t(
+                                                      packed_probs_size(packed.inputs().sequence_offsets, d.problem.heads)));
+    expect_error("probs", "no probabilities output", [&] {
+        layer.forward_packed(packed.inputs(), view(y_packed, {packed.tokens(), packed.hidden}),
+                             view(probs_packed, {int64_t(probs_packed.size())}));
+    });
     // The stages are fp32: a bf16 config is refused, not computed in fp32.
     std::vector<float> q(y.size()), k(y.size()), v(y.size());
     const Shape shape{d.problem.batch, d.problem.s_q, d.problem.hidden};

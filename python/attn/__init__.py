@@ -328,7 +328,7 @@ class AttentionLayer:
     matrices rounded to bf16 once, here (so later changes to them are not seen), the inputs of
     each projection rounded as they enter, f32 sums; inputs and outputs stay float32. It runs
     on a CPU with avx512bf16, or, with allow_storage_only=True, as bf16 storage with f32
-    arithmetic elsewhere; without probabilities, and padded batches computed with their padding.
+    arithmetic elsewhere; without probabilities.
     """
 
     def __init__(self, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, gamma, beta, *, num_heads, layer_norm_eps=1e-12,
@@ -359,9 +359,9 @@ class AttentionLayer:
         if _is_torch(w_q):
             from . import _torch_ops
             _torch_ops.remember(self)
-        # Padded batches skip their padding through the packed function, where the variant has it
-        # (fp32 only).
-        self._skips_padding = precision == "fp32" and "attention_layer_packed" in self._layer.variant["functions"]
+        # Padded batches skip their padding through the packed function, where the variant has it.
+        packed = "attention_layer_packed" + ("_bf16" if precision == "bf16" else "")
+        self._skips_padding = packed in self._layer.variant["functions"]
 
     @classmethod
     def from_hf(cls, module, variant=None, precision="fp32", allow_storage_only=False):

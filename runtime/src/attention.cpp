@@ -118,7 +118,6 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     pipeline::WeightBuffers &w =
         uploaded ? uploaded->weights
                  : *(host_weights = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
-    if (bf16_weights_) w.drop_matrices();
     auto x = pipeline::halide_view(in.x);
     auto kv = cross ? pipeline::halide_view(in.kv) : x;
     auto y_buffer = pipeline::halide_view(y);
@@ -126,10 +125,12 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     if (want_probs) probs_buffer = pipeline::halide_view(probs);
     pipeline::Call call(want_probs ? "attention_layer_probs" : bf16_weights_ ? detail::kBf16Layer : "attention_layer",
                         *variant_, pipeline::extents(batch, s_q, s_k, heads, hidden));
-    call.weights(w, uploaded != nullptr).input("key_padding_mask", mask).input("bias", bias).input("x", x, in.x.memory);
     if (bf16_weights_) {
-        for (detail::Bf16Weights::Matrix &m : bf16_weights_->matrices) call.input(m.name, m.buffer, Memory::host);
+        call.weights(w, *bf16_weights_);
+    } else {
+        call.weights(w, uploaded != nullptr);
     }
+    call.input("key_padding_mask", mask).input("bias", bias).input("x", x, in.x.memory);
     // Self-attention passes x as kv: the layer's one function takes both.
     if (cross) {
         call.input("kv", kv, in.kv.memory);

@@ -72,8 +72,6 @@ void unpack(ConstTensor packed, OffsetTensor sequence_offsets, MutableTensor pad
 
 void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableTensor probs) const {
     detail::runnable_functions(*variant_);  // a variant that cannot run here is refused first
-    if (config_.precision != Precision::fp32)
-        throw Error("precision", "packed sequences run in fp32 only; a bf16 layer runs forward()");
     const int64_t hidden = config_.hidden_size, heads = config_.num_heads;
     const Shape &xs = in.x.shape;
     if (xs.size() != 2 || xs[0] < 0 || xs[1] != hidden) {
@@ -87,6 +85,8 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     if (y.shape != xs) throw Error("y", "expected shape [T, H] = " + str(xs) + ", got " + str(y.shape));
     if (tokens > 0) check_tensor("y", y, xs, "[T, H]");
     const bool want_probs = !probs.empty();
+    if (want_probs && bf16_weights_)
+        throw Error("probs", "a bf16 layer (config.precision) has no probabilities output; pass none, or use fp32");
     if (want_probs) {
         check_tensor("probs", probs, {probs_elements(lengths, heads)}, "[sum over sequences of heads * L_b^2]");
         check_host("probs", probs, "each sequence's probabilities are gathered on the host");
@@ -126,9 +126,16 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     pipeline::WeightBuffers &w =
         uploaded ? uploaded->weights
                  : *(host_weights = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
-    pipeline::Call call(want_probs ? "attention_layer_packed_probs" : "attention_layer_packed", *variant_,
-                        pipeline::extents(batch, longest, longest, heads, hidden));
-    call.weights(w, uploaded != nullptr).input("x", x, in.x.memory);
+    pipeline::Call call(want_probs       ? "attention_layer_packed_probs"
+                        : bf16_weights_ ? detail::kBf16PackedLayer
+                                        : "attention_layer_packed",
+                        *variant_, pipeline::extents(batch, longest, longest, heads, hidden));
+    if (bf16_weights_) {
+        call.weights(w, *bf16_weights_);
+    } else {
+        call.weights(w, uploaded != nullptr);
+    }
+    call.input("x", x, in.x.memory);
     call.input("sequence_offsets", offsets, Memory::host).input("bias", bias);
     call.scalar("max_length", s_max).scalar("causal", config_.causal).scalar("heads", int32_t(heads));
     call.scalar("eps", config_.layer_norm_eps).output("y", y_buffer, y.memory);
@@ -147,8 +154,6 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
 }
 
 void Attention::forward_unpadded(const AttentionInputs &in, MutableTensor y) const {
-    if (config_.precision != Precision::fp32)
-        throw Error("precision", "forward_unpadded runs in fp32 only; a bf16 layer runs forward()");
     if (!in.kv.empty())
         throw Error("kv", "forward_unpadded computes self-attention: expected no kv, got shape " + str(in.kv.shape));
     const char *layout = "[B, S, H]";
@@ -188,7 +193,7 @@ PackedInputs packed_inputs(const detail::CallShape &c, const detail::CallInputs 
 }  // namespace
 
 // The packed layer's by-name call (attn/function_calls.h).
-detail::FunctionCall detail::packed_layer_call(bool with_probs) {
+detail::FunctionCall detail::packed_layer_call(bool with_probs, Precision precision) {
     FunctionCall f;
     f.work = layer_work;  // per sequence: the caller sums it over them
     f.outputs = [with_probs](const CallShape &c, const CallInputs &in) {
@@ -196,18 +201,31 @@ detail::FunctionCall detail::packed_layer_call(bool with_probs) {
         if (with_probs) out.push_back({"probs", {packed_probs_size(in.packed.sequence_offsets, c.config.num_heads)}});
         return out;
     };
-    f.prepare = [with_probs](const VariantInfo &variant, const CallShape &c, const CallInputs &in,
-                             const std::vector<MutableTensor> &out) -> std::function<void()> {
-        auto layer = std::make_shared<Attention>(c.config, in.weights, variant.name);
+    // As layer_call's: a variant named for its bf16 function runs it as built.
+    auto config_of = [precision](const CallShape &c) {
+        Config config = c.config;
+        config.precision = precision;
+        config.allow_storage_only = true;
+        return config;
+    };
+    f.prepare = [with_probs, config_of](const VariantInfo &variant, const CallShape &c, const CallInputs &in,
+                                        const std::vector<MutableTensor> &out) -> std::function<void()> {
+        auto layer = std::make_shared<Attention>(config_of(c), in.weights, variant.name);
         return [layer, inputs = packed_inputs(c, in), out, with_probs] {
             layer->forward_packed(inputs, out[0], with_probs ? out[1] : MutableTensor{});
             layer->synchronize();
         };
     };
-    f.reference = [with_probs](const CallShape &c, const CallInputs &in) {
+    f.reference = [with_probs, config_of](const CallShape &c, const CallInputs &in) {
         const PackedInputs inputs = packed_inputs(c, in);
-        return layer_reference(reference::attention_layer_packed<double>(c.config, in.weights, inputs),
-                               reference::attention_layer_packed<float>(c.config, in.weights, inputs), with_probs);
+        const Config config = config_of(c);
+        auto exact = reference::attention_layer_packed<double>(config, in.weights, inputs);
+        const double allowance = exact.bf16_allowance;
+        CallReference r = layer_reference(std::move(exact),
+                                          reference::attention_layer_packed<float>(config, in.weights, inputs),
+                                          with_probs);
+        r.allowance[0] = allowance;
+        return r;
     };
     return f;
 }

@@ -173,6 +173,13 @@ Call &Call::weights(WeightBuffers &w, bool uploaded) {
     return *this;
 }
 
+Call &Call::weights(WeightBuffers &w, detail::Bf16Weights &bf16) {
+    w.drop_matrices();
+    weights(w, false);
+    for (detail::Bf16Weights::Matrix &m : bf16.matrices) input(m.name, m.buffer, Memory::host);
+    return *this;
+}
+
 void check_cuda_variant(const char *name, const VariantInfo &variant) {
     if (variant.device != "cuda") {
         throw Error(name, "is CUDA device memory, but variant '" + variant.name + "' runs on " +

@@ -15,6 +15,10 @@
 #include <utility>
 #include <vector>
 
+namespace attn::detail {
+struct Bf16Weights;
+}
+
 namespace attn::pipeline {
 
 // Dense row-major view, dims reversed into Halide's innermost-first order.
@@ -124,8 +128,10 @@ public:
     }
     // A buffer already where the variant reads it (a GPU variant's uploaded weights).
     Call &placed(const char *name, halide_buffer_t *buffer) { return bind(name, buffer); }
-    // The weights; `uploaded` ones (an Attention's on a GPU) are passed as they are.
+    // The weights; `uploaded` ones (an Attention's on a GPU) are passed as they are. A bf16
+    // layer's matrices are its Bf16Weights' (bf16), the rest the caller's.
     Call &weights(WeightBuffers &w, bool uploaded);
+    Call &weights(WeightBuffers &w, detail::Bf16Weights &bf16);
     // Outputs in host memory are copied back when a GPU variant's call returns.
     template <typename T>
     Call &output(const char *name, Halide::Runtime::Buffer<T> &buffer, Memory memory) {

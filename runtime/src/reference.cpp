@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace attn::reference {
 
@@ -213,6 +214,13 @@ PackedOutputs<T> attention_layer_packed(const Config &config, const LayerWeights
             one.bias = {bias.data(), bias.size(), {1, bias_heads, L, L}};
         }
         const LayerOutputs<T> dense = attention_layer<T>(config, w, one);
+        if constexpr (std::is_same_v<T, double>) {
+            if (config.precision != Precision::fp32) {
+                out.bf16_allowance = std::max(out.bf16_allowance,
+                                              bf16_context_allowance(config, w, one, dense,
+                                                                     attention_layer<float>(config, w, one)));
+            }
+        }
         out.y.insert(out.y.end(), dense.y.begin(), dense.y.end());
         out.probs.insert(out.probs.end(), dense.probs.begin(), dense.probs.end());
     }

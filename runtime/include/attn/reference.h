@@ -89,6 +89,7 @@ double bf16_context_allowance(const Config &config, const LayerWeights &weights,
 template <typename T>
 struct PackedOutputs {
     std::vector<T> y, probs;
+    double bf16_allowance = 0;  // bf16, double: the largest sequence's bf16_context_allowance
 };
 template <typename T>
 PackedOutputs<T> attention_layer_packed(const Config &config, const LayerWeights &weights, const PackedInputs &inputs);

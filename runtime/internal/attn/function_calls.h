@@ -84,7 +84,7 @@ bool has_function_call(const std::string &function);
 CallWork layer_work(const CallShape &c);
 // precision: the layer's (a bf16 call allows a storage-only variant: it names the variant).
 FunctionCall layer_call(bool with_probs, Precision precision = Precision::fp32);
-FunctionCall packed_layer_call(bool with_probs);
+FunctionCall packed_layer_call(bool with_probs, Precision precision = Precision::fp32);
 
 // A layer's references (reference::LayerOutputs or PackedOutputs): y, and the probabilities.
 template <typename Exact, typename Float32>
