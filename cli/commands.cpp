@@ -76,11 +76,15 @@ int list_variants(const VariantsOptions &options) {
     for (const VariantInfo &v : variants()) {
         const std::size_t all = std::size(manifest::kFunctions);
         if (v.functions.size() < all) {
-            std::printf("  %s provides %zu of the %zu functions (see not_provided in manifest.json)\n", v.name.c_str(),
-                        v.functions.size(), all);
+            std::printf("  %s provides %zu of the %zu functions (see not_provided and built_for in manifest.json)\n",
+                        v.name.c_str(), v.functions.size(), all);
         }
     }
     std::printf("\nselected on this machine: %s\n", default_variant_reason().c_str());
+    std::string bf16;
+    for (const VariantInfo *v : bf16_variants())
+        bf16 += (bf16.empty() ? "" : ", ") + v->name + (computes_bf16(*v) ? "" : " (storage only)");
+    std::printf("bf16 (--precision bf16): %s\n", bf16.empty() ? "no variant in this build" : bf16.c_str());
     return 0;
 }
 
