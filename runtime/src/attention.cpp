@@ -41,8 +41,9 @@ const VariantInfo &bf16_variant(const Config &config, const std::string &name) {
         const VariantInfo &v = select_variant(name);
         const std::vector<const VariantInfo *> with = bf16_variants();
         if (std::none_of(with.begin(), with.end(), [&](const VariantInfo *w) { return w->name == name; }))
-            throw Error("variant", "'" + name + "' does not provide " + detail::kBf16Layer +
-                                       " (precision bf16); the variants that do: " + bf16_variant_names());
+            throw Error("variant", "'" + name + "' has no bf16 layer (precision bf16): it does not provide " +
+                                       detail::kBf16Layer + " and does not provide " + detail::kBf16PackedLayer +
+                                       "; the variants that do: " + bf16_variant_names());
         if (!computes_bf16(v) && !config.allow_storage_only)
             throw Error("precision", "bf16 on '" + name + "' would only store bf16 and compute in f32 (its ISA, " +
                                                 v.isa + ", has no avx512bf16); " + storage_only);
