@@ -131,12 +131,6 @@ INSTANTIATE_TEST_SUITE_P(BenchmarkProblems, ListedProblemTest,
 // completed by a zero weight), against the double reference of the same rounding (the
 // weights, and every projection's input, rounded to bf16), under the accuracy rule with
 // the float32 reference of that rounding; test_precision.cpp bounds it against fp32.
-std::vector<VariantInfo> bf16_variant_list() {
-    std::vector<VariantInfo> out;
-    for (const VariantInfo *v : bf16_variants()) out.push_back(*v);
-    return out;
-}
-
 std::vector<Problem> bf16_problems() {
     std::vector<Problem> problems = layer_problems();
     for (const Problem &p : listed_problems()) problems.push_back(p);

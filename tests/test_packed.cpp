@@ -128,12 +128,6 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, PackedTest,
 
 // bf16 (attention_layer_packed_bf16): each variant with a bf16 layer on every packed case,
 // against the double reference of the same rounding, as test_layer.cpp's Bf16LayerTest.
-std::vector<VariantInfo> bf16_variant_list() {
-    std::vector<VariantInfo> out;
-    for (const VariantInfo *v : bf16_variants()) out.push_back(*v);
-    return out;
-}
-
 using Bf16PackedTest = PackedTest;
 
 TEST_P(Bf16PackedTest, MatchesReference) {

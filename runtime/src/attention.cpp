@@ -52,11 +52,11 @@ const VariantInfo &bf16_variant(const Config &config, const std::string &name) {
     const VariantInfo *computes = nullptr, *stores = nullptr;
     std::string missing;
     for (const VariantInfo *v : bf16_variants()) {
-        if (!v->runnable) continue;
-        (computes_bf16(*v) ? computes : stores) = v;  // the last: of the widest ISA
-    }
-    for (const VariantInfo *v : bf16_variants()) {
-        if (computes_bf16(*v) && !v->runnable) missing = " (" + v->name + ": " + v->not_runnable_reason + ")";
+        if (v->runnable) {
+            (computes_bf16(*v) ? computes : stores) = v;  // the last: of the widest ISA
+        } else if (computes_bf16(*v)) {
+            missing = " (" + v->name + ": " + v->not_runnable_reason + ")";
+        }
     }
     if (computes) return *computes;
     if (stores && config.allow_storage_only) return *stores;
@@ -160,13 +160,7 @@ detail::FunctionCall detail::layer_call(bool with_probs, Precision precision) {
         if (with_probs) out.push_back({"probs", {c.batch, c.config.num_heads, c.s_q, c.s_k}});
         return out;
     };
-    // A variant named for its bf16 function runs it as built (storage only on an ISA without avx512bf16).
-    auto config_of = [precision](const CallShape &c) {
-        Config config = c.config;
-        config.precision = precision;
-        config.allow_storage_only = true;
-        return config;
-    };
+    auto config_of = [precision](const CallShape &c) { return layer_call_config(c, precision); };
     f.prepare = [with_probs, config_of](const VariantInfo &variant, const CallShape &c, const CallInputs &in,
                                         const std::vector<MutableTensor> &out) -> std::function<void()> {
         auto layer = std::make_shared<Attention>(config_of(c), in.weights, variant.name);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <iostream>
 #include <ostream>
+#include <vector>
 #include <tuple>
 
 namespace attn::testing {
@@ -84,6 +85,13 @@ inline std::vector<VariantProblem> min_shape_cases(bool fused_layer) {
 
 // The fused layer's function for a call with or without the probabilities.
 inline std::string layer_function(bool with_probs) { return with_probs ? "attention_layer_probs" : "attention_layer"; }
+
+// The variants with a bf16 layer (attn::bf16_variants()), as test parameters.
+inline std::vector<VariantInfo> bf16_variant_list() {
+    std::vector<VariantInfo> out;
+    for (const VariantInfo *v : bf16_variants()) out.push_back(*v);
+    return out;
+}
 
 // The double reference and the plain float32 run of a problem, computed once per problem.
 struct ReferenceRun {

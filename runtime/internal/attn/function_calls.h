@@ -82,6 +82,14 @@ bool has_function_call(const std::string &function);
 
 // The entries of the fused layer's functions (attention.cpp, packed.cpp).
 CallWork layer_work(const CallShape &c);
+// The config a layer's by-name call runs in `precision`: a variant named for its bf16
+// function runs it as built (storage only on an ISA without avx512bf16).
+inline Config layer_call_config(const CallShape &c, Precision precision) {
+    Config config = c.config;
+    config.precision = precision;
+    config.allow_storage_only = true;
+    return config;
+}
 // precision: the layer's (a bf16 call allows a storage-only variant: it names the variant).
 FunctionCall layer_call(bool with_probs, Precision precision = Precision::fp32);
 FunctionCall packed_layer_call(bool with_probs, Precision precision = Precision::fp32);
