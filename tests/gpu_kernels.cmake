@@ -1,4 +1,5 @@
-# The CUDA kernels judged without a GPU (tools/gpu_kernels.py): no kernel of a hand-written
+# The CUDA kernels judged without a GPU (tools/gpu_kernels.py): no kernel of any CUDA variant
+# needs more registers for its block than an SM has (it could not launch); no kernel of a hand-written
 # or tuned CUDA variant spills, asks for more shared memory per block than manifest.json's
 # gpu_shared_memory_per_block, or transposes a fused layer's weight on every call (ptxas -v
 # for sm_90 on the PTX of the build's objects, and the launches of the generators' lowered

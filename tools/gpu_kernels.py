@@ -19,7 +19,8 @@ benchmark itself (attn_bench --serve, `list`: the runtime's by-name calls, CallW
     python3 tools/gpu_kernels.py --build build/release --check
         # the CI test (tests/gpu_kernels.cmake): fails when a kernel of a hand-written or tuned
         # CUDA variant spills, or its static + bounded dynamic shared memory is over
-        # manifest.json's gpu_shared_memory_per_block; exit 77 without ptxas
+        # manifest.json's gpu_shared_memory_per_block, or when a kernel of any CUDA variant
+        # cannot launch (its block needs more registers than an SM has); exit 77 without ptxas
     python3 tools/gpu_kernels.py --ptx FILE --check [--max-registers N]   # one PTX file alone
 
 The generators' lowering is most of the time (about 22 s of CPU for manual_cuda's ten
@@ -425,8 +426,8 @@ def markdown(doc):
     out = ["# CUDA kernels, judged without a GPU", "",
            f"Written by `{doc['command']}` on {doc['date']}; never edit it by hand. PTX from the build's AOT "
            f"objects, assembled by ptxas for {doc['gpu_name']} ({doc['ptxas']}) with at most "
-           f"{doc['max_registers']} registers a thread (`--maxrregcount`: the cap the runtime gives CUDA's JIT, "
-           "manifest.json: gpu_max_registers).", "",
+           f"{doc['max_registers']} registers a thread (`--maxrregcount`: the cap the runtime gives CUDA's JIT "
+           "for the variant's schedule source, manifest.json: gpu_max_registers).", "",
            "Per kernel: registers per thread; spill stores/loads (bytes per thread); static shared memory "
            "(ptxas) and dynamic shared memory per block (Halide's launch in the lowered stmt: a constant, "
            "`≤` an upper bound its lets prove, `symbolic` where they prove none); threads per block (the "
@@ -437,8 +438,8 @@ def markdown(doc):
     by_variant = {}
     for k in doc["kernels"]:
         by_variant.setdefault(k["variant"], []).append(k)
-    out += ["| variant | function | kernels | most registers | spills | largest shared (B) |",
-            "|---|---|---:|---:|---|---|"]
+    out += ["| variant | function | kernels | register cap | most registers | spills | largest shared (B) |",
+            "|---|---|---:|---:|---:|---|---|"]
     for variant, kernels in by_variant.items():
         functions = {}
         for k in kernels:
@@ -448,7 +449,7 @@ def markdown(doc):
             sizes = [k["static_shared"] + (k["dynamic_shared"] or 0) for k in ks]
             symbolic = any(k["dynamic_shared"] is None for k in ks)
             largest = f"{max(sizes)}{' + symbolic' if symbolic else ''}"
-            out.append(f"| {variant} | {function} | {len(ks)} | {max(k['registers'] for k in ks)} | "
+            out.append(f"| {variant} | {function} | {len(ks)} | {ks[0]['cap']} | {max(k['registers'] for k in ks)} | "
                        f"{'none' if spills == 0 else f'{spills} B'} | {largest} |")
     out += ["", "## Every kernel", "",
             "| variant | function | kernel | regs | spill st/ld (B) | static smem (B) | dynamic smem (B) | "
@@ -479,13 +480,21 @@ def markdown(doc):
 WEIGHT_TRANSPOSE = re.compile(r"^_kernel_(?:[qkv]_weight_t|w_o_t)_s\d")
 
 
-def check(rows, limit, fused_layer_functions=()):
-    """The failures of the checked kernels: spills, shared memory over the limit, or a fused
-    layer's kernel transposing a weight on every call (its GPU weights arrive prepared,
-    transposed once by the runtime: algorithm/attention_algorithm.h, WeightLayout)."""
+def check(rows, limit, fused_layer_functions=(), checked_variants=None):
+    """The failures: a kernel of any variant that cannot launch (its block needs more registers
+    than an SM has: CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES); and, for the kernels of
+    `checked_variants` (None: all), spills, shared memory over the limit, or a fused layer's
+    kernel transposing a weight on every call (its GPU weights arrive prepared, transposed
+    once by the runtime: algorithm/attention_algorithm.h, WeightLayout)."""
     failures = []
     for k in rows:
         where = f"{k['variant']} {k['function']} {k['kernel']}"
+        o = k.get("occupancy")
+        if o and o["blocks"] == 0 and "registers" in o["limited_by"]:
+            failures.append(f"{where}: cannot launch: its block of {k['threads']} threads at {k['registers']} "
+                            f"registers each needs more than an SM's {SM_REGISTERS}")
+        if checked_variants is not None and k["variant"] not in checked_variants:
+            continue
         if k["function"] in fused_layer_functions and WEIGHT_TRANSPOSE.match(k["kernel"]):
             failures.append(f"{where}: transposes a weight on every call, which the runtime prepared once")
         if k["spill_stores"] or k["spill_loads"]:
@@ -509,11 +518,11 @@ def main():
     parser.add_argument("--bench", help="attn_bench (default: <build>/bench/attn_bench)")
     parser.add_argument("--out", default=str(ROOT / "generated/results/gpu"), help="where kernels.md, .json go")
     parser.add_argument("--check", action="store_true",
-                        help="only the hand-written and tuned CUDA variants: exit 1 when one spills or is over "
-                             "the shared memory limit; no table")
+                        help="exit 1 when a hand-written or tuned CUDA variant's kernel spills or is over the "
+                             "shared memory limit, or any CUDA variant's kernel cannot launch; no table")
     parser.add_argument("--ptx", help="one PTX file instead of the build (with --check: its kernels judged)")
     parser.add_argument("--max-registers", type=int,
-                        help="ptxas --maxrregcount (default manifest.json's gpu_max_registers, the cap the runtime "
+                        help="ptxas --maxrregcount (default each schedule source's cap, manifest.json's gpu_max_registers, the cap the runtime "
                              "gives the CUDA JIT; lower it to see where spills start)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="generators run at once")
     parser.add_argument("--cache", help="a folder keeping each object's figures, keyed by its bytes")
@@ -525,13 +534,12 @@ def main():
         return SKIP
     m = manifest_lib.load()
     limit = m.data["gpu_shared_memory_per_block"]["bytes"]
-    runtime_cap = m.data["gpu_max_registers"]["count"]
-    if args.max_registers is None:
-        args.max_registers = runtime_cap
+    caps = m.data["gpu_max_registers"]
 
     if args.ptx:
         path = pathlib.Path(args.ptx)
-        rows = kernel_rows(path.name, "-", assemble(ptxas, path.read_text(), args.gpu_name, args.max_registers), None)
+        cap = args.max_registers or caps["count"]
+        rows = kernel_rows(path.name, "-", assemble(ptxas, path.read_text(), args.gpu_name, cap), None)
         for k in rows:
             print(f"{k['kernel']}: {k['registers']} registers, spills {k['spill_stores']}/{k['spill_loads']} B, "
                   f"{k['static_shared']} B static shared")
@@ -541,10 +549,9 @@ def main():
         return 1 if failures else 0
 
     build = pathlib.Path(args.build).resolve()
-    sources = [s for s, entry in m.sources.items() if entry["kind"] in CHECKED_KINDS] if args.check else None
-    libraries = cuda_libraries(m, build, sources)
+    libraries = cuda_libraries(m, build)
     if not libraries:
-        print("SKIP: this build has no CUDA variant" + (" of a hand-written or tuned source" if args.check else ""))
+        print("SKIP: this build has no CUDA variant")
         return SKIP
     missing = [lib["name"] for lib in libraries if not (build / f"{lib['name']}.o").exists()]
     if missing:
@@ -562,17 +569,18 @@ def main():
 
     def one(library):
         obj = build / f"{library['name']}.o"
+        cap = args.max_registers or m.gpu_max_registers(library["source"])
         # The object holds the kernels and the host code that launches them, so its bytes key
         # both ptxas's figures and the stmt's launches (--cache: a test run after a build that
         # left the CUDA objects alone assembles and lowers nothing).
-        key = hashlib.sha256(obj.read_bytes() + f"{version} {args.gpu_name} {args.max_registers}".encode()).hexdigest()
+        key = hashlib.sha256(obj.read_bytes() + f"{version} {args.gpu_name} {cap}".encode()).hexdigest()
         cached = pathlib.Path(args.cache) / f"{library['name']}.json" if args.cache else None
         if cached and cached.exists() and json.loads(cached.read_text()).get("key") == key:
             entry = json.loads(cached.read_text())
             figures, launched = entry["figures"], {k: {f: tuple(b) for f, b in v.items()}
                                                    for k, v in entry["launched"].items()}
         else:
-            figures = assemble(ptxas, ptx_of(obj), args.gpu_name, args.max_registers)
+            figures = assemble(ptxas, ptx_of(obj), args.gpu_name, cap)
             with tempfile.TemporaryDirectory() as tmp:
                 launched = launches(lowered_stmt(generator, plugins, m.target(library["isa"]), library, tmp))
             if cached:
@@ -582,13 +590,15 @@ def main():
         if strays:  # the object and its generator's stmt disagree: a stale build
             raise SystemExit(f"{library['name']}: kernels {', '.join(strays)} are in only one of the object's PTX "
                              "and the generator's stmt; rebuild")
-        return kernel_rows(f"{library['source']}_{library['isa']}", library["function"], figures, launched)
+        return [{**k, "cap": cap} for k in
+                kernel_rows(f"{library['source']}_{library['isa']}", library["function"], figures, launched)]
 
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         rows = [k for ks in pool.map(one, libraries) for k in ks]
 
     if args.check:
-        failures = check(rows, limit, m.layer_functions())
+        checked = {f"{s}_{i}" for s, i in m.variants() if m.sources[s]["kind"] in CHECKED_KINDS}
+        failures = check(rows, limit, m.layer_functions(), checked)
         variants = dict.fromkeys(k["variant"] for k in rows)
         for v in variants:
             ks = [k for k in rows if k["variant"] == v]
@@ -606,10 +616,13 @@ def main():
     bench = pathlib.Path(args.bench) if args.bench else build / "bench" / "attn_bench"
     cuda_variants = {f"{s}_{i}" for s, i in m.variants() if m.isas[i]["device"] == "cuda"}
     command = "python3 tools/gpu_kernels.py --build " + os.path.relpath(build, ROOT)
-    if args.gpu_name != "sm_90" or args.max_registers != runtime_cap:
-        command += f" --gpu-name {args.gpu_name}" + (f" --max-registers {args.max_registers}" if args.max_registers else "")
+    if args.gpu_name != "sm_90":
+        command += f" --gpu-name {args.gpu_name}"
+    if args.max_registers:
+        command += f" --max-registers {args.max_registers}"
     doc = {"command": command, "date": datetime.date.today().isoformat(), "gpu_name": args.gpu_name, "ptxas": version,
-           "max_registers": args.max_registers,
+           "max_registers": args.max_registers or f"{caps['count']} (hand-written and tuned) or "
+                                                  f"{caps['autoscheduled_count']} (autoscheduled)",
            "shared_limit": limit, "peak_flops": PEAK_FLOPS, "peak_bytes_per_s": PEAK_BYTES_PER_S,
            "kernels": rows, "work": work_rows(bench, cuda_variants)}
     out = pathlib.Path(args.out)

@@ -202,6 +202,13 @@ class Manifest:
     def is_gpu(self, isa):
         return self.isas[isa]["device"] != "cpu"
 
+    def gpu_max_registers(self, source):
+        """The register cap CUDA's JIT compiles a source's kernels with (gpu_max_registers): the
+        hand-written and tuned kernels' `count`; the autoscheduled ones' `autoscheduled_count`."""
+        caps = self.data["gpu_max_registers"]
+        kind = self.sources[source]["kind"] if source in self.sources else "hand-written"
+        return caps["count"] if kind in ("hand-written", "tuned") else caps["autoscheduled_count"]
+
     def target(self, isa):
         return self.isas[isa]["halide_target"]
 
@@ -400,6 +407,7 @@ struct ScheduleSource {{
     Names cpu_params, gpu_params;  // the autoscheduler's, key=value
     Names not_bitwise_reproducible_on;  // ISAs
     const char *min_shapes_because;  // why its kernels need the extents of kMinShapes
+    int gpu_max_registers;  // CUDA's JIT register cap for its kernels (manifest.json: gpu_max_registers)
 }};
 inline constexpr ScheduleSource kScheduleSources[] = {{
 {sources}}};
@@ -430,7 +438,8 @@ inline constexpr ShapeClass kShapeClasses[] = {{
 
 // The shared memory a GPU kernel's block may use (manifest.json: gpu_shared_memory_per_block).
 inline constexpr int kGpuSharedMemoryPerBlock = {shared_memory};
-// The registers a CUDA kernel's thread may use (manifest.json: gpu_max_registers).
+// The registers a hand-written or tuned CUDA kernel's thread may use (manifest.json:
+// gpu_max_registers); each schedule source's cap is ScheduleSource::gpu_max_registers.
 inline constexpr int kGpuMaxRegisters = {max_registers};
 
 // The hand-written schedule's parameters: each one's one home (tools/autotune.py searches them).
@@ -482,7 +491,7 @@ def emit_header(m, path, arch):
                                   _names([f"{k}={v}" for k, v in params.get("cpu", {}).items()]),
                                   _names([f"{k}={v}" for k, v in params.get("gpu", {}).items()]),
                                   _names(s.get("not_bitwise_reproducible_on", [])),
-                                  _c(s.get("min_shapes_because", ""))]))
+                                  _c(s.get("min_shapes_because", "")), str(m.gpu_max_registers(n))]))
     min_shapes = [", ".join([_c(source), _c(isa), _c(e["function"])]) + ", {" +
                   ", ".join(str(e.get(d, 1)) for d in MIN_SHAPE_DIMENSIONS) + "}"
                   for source, isa, e in m.min_shape_rows()]

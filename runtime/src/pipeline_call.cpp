@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "attn/generated/manifest.h"
@@ -69,16 +71,43 @@ void prepare_halide(const VariantInfo &variant) {
         static const bool reuse = (halide_reuse_device_allocations(nullptr, true), true);
         (void)reuse;
     }
-    if (variant.device == "cuda") {
-        // Halide's CUDA runtime JIT-compiles each module's PTX at its first launch, capped at 64
-        // registers a thread unless HL_CUDA_JIT_MAX_REGISTERS says otherwise: the cap the
-        // kernels were checked for (manifest.json: gpu_max_registers), unless the caller set one.
-        static const bool capped =
-            (setenv("HL_CUDA_JIT_MAX_REGISTERS", std::to_string(manifest::kGpuMaxRegisters).c_str(), 0), true);
-        (void)capped;
-    }
     last_halide_error.clear();
 }
+
+namespace {
+// CUDA's JIT register cap for a schedule source's kernels (manifest.json: gpu_max_registers).
+int gpu_max_registers(const std::string &schedule) {
+    for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
+        if (schedule == s.name) return s.gpu_max_registers;
+    }
+    return manifest::kGpuMaxRegisters;  // a tuning candidate: the hand-written schedule's
+}
+
+// Halide 21's CUDA runtime JIT-compiles a pipeline's PTX at its first call in a CUDA context,
+// with the register cap HL_CUDA_JIT_MAX_REGISTERS holds then (64 when unset). The cap differs
+// by schedule source, so each pipeline's first call sets it, one first call at a time, and
+// clears it after: a later recompile (another context) gets Halide's 64, at which every kernel
+// launches. A cap the caller exported is left alone.
+int call_cuda(const detail::CompiledFunction &function, const detail::Arguments &arguments, const std::string &what,
+              int cap) {
+    static const bool callers_cap = std::getenv("HL_CUDA_JIT_MAX_REGISTERS") != nullptr;
+    if (callers_cap) return detail::call(function, arguments, what);
+    static std::mutex mutex;
+    static std::set<int (*)(void **)> compiled;
+    std::unique_lock<std::mutex> lock(mutex);
+    if (compiled.count(function.argv)) {
+        lock.unlock();
+        return detail::call(function, arguments, what);
+    }
+    setenv("HL_CUDA_JIT_MAX_REGISTERS", std::to_string(cap).c_str(), 1);
+    struct Clear {
+        ~Clear() { unsetenv("HL_CUDA_JIT_MAX_REGISTERS"); }
+    } clear;
+    const int status = detail::call(function, arguments, what);
+    if (status == 0) compiled.insert(function.argv);
+    return status;
+}
+}  // namespace
 
 ProblemExtents extents(int64_t batch, int64_t s_q, int64_t s_k, int64_t heads, int64_t hidden) {
     return {batch, s_q, s_k, heads, heads > 0 ? hidden / heads : 0, hidden};
@@ -158,7 +187,10 @@ Call::Call(const std::string &function, const VariantInfo &variant, const Proble
             (variant.runs_own_kernels(function, extents) ? "" : ", " + variant.fallback + "'s kernels") + ")"),
       variant_(variant),
       compiled_(detail::function_for(variant, function, extents)),
-      gpu_(detail::device_interface(variant.device)) {
+      gpu_(detail::device_interface(variant.device)),
+      // The source whose kernels run: the variant's, or its fallback's (the hand-written one).
+      gpu_max_registers_(gpu_max_registers(variant.runs_own_kernels(function, extents) ? variant.schedule
+                                                                                         : "manual")) {
     prepare_halide(variant);
 }
 
@@ -189,7 +221,9 @@ void check_cuda_variant(const char *name, const VariantInfo &variant) {
 }
 
 void Call::run() {
-    check_halide(detail::call(compiled_, arguments_, what_), "halide", what_);
+    check_halide(variant_.device == "cuda" ? call_cuda(compiled_, arguments_, what_, gpu_max_registers_)
+                                           : detail::call(compiled_, arguments_, what_),
+                 "halide", what_);
     for (auto &[name, buffer] : host_outputs_) {
         check_halide(halide_copy_to_host(nullptr, buffer), name, "copying the result to the host");
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """tools/gpu_kernels.py's check really fails: a hand-written PTX kernel that spills under a
-register cap, a launch whose dynamic shared memory is bounded over the limit, and a fused
-layer's kernel transposing a weight are named with their figures. Skips (77) without ptxas.
+register cap, a launch whose dynamic shared memory is bounded over the limit, a fused
+layer's kernel transposing a weight, and a block needing more registers than an SM has are
+named with their figures. Skips (77) without ptxas.
 Usage: test_gpu_kernels.py WORK_DIR"""
 import pathlib
 import subprocess
@@ -79,5 +80,15 @@ failures = gpu_kernels.check(layer + stage, 49152, ["attention_layer"])
 check(len(failures) == 2 and all(f.startswith("manual_cuda attention_layer _kernel_") and
                                  f.endswith("transposes a weight on every call, which the runtime prepared once")
                                  for f in failures), f"the fused layer's two transposes fail, named: {failures}")
-print("gpu_kernels: a spilling kernel, a block over the shared memory limit and a fused layer's per-call "
-      "weight transpose all fail, named")
+# A block of 1024 threads at 128 registers each needs 131072, twice an SM's: it cannot launch
+# (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES), whatever the variant's source; at 64 it fits.
+def block(registers):
+    launch = {"_kernel_wide": {"threads": (1024, 1024), "dynamic_shared": (0, 0)}}
+    return gpu_kernels.kernel_rows("mullapudi2016_cuda", "weighted_sum", {"_kernel_wide": {**plain,
+                                   "registers": registers}}, launch)
+failures = gpu_kernels.check(block(128), 49152, checked_variants={"manual_cuda"})
+check(failures == ["mullapudi2016_cuda weighted_sum _kernel_wide: cannot launch: its block of 1024 threads at 128 "
+                   "registers each needs more than an SM's 65536"], f"the unlaunchable kernel fails, named: {failures}")
+check(gpu_kernels.check(block(64), 49152, checked_variants={"manual_cuda"}) == [], "at 64 registers it launches")
+print("gpu_kernels: a spilling kernel, a block over the shared memory limit, a fused layer's per-call "
+      "weight transpose and a block that cannot launch all fail, named")
