@@ -440,9 +440,10 @@ def freeze_winners(isa, generator, won, tuned_root=TUNED):
                             "provenance": provenance})
     tuned_root.joinpath(isa).mkdir(parents=True, exist_ok=True)
     written = []
-    tuned = next((s for s, i in MANIFEST.variants(kind="tuned") if i == isa), None)
+    # The tuned source, whether or not the ISA lists it yet (a GPU ISA gains it after its freeze).
+    tuned = next(s for s, entry in MANIFEST.sources.items() if entry["kind"] == "tuned")
     for function in MANIFEST.functions_tuned_with(generator):
-        if tuned and not MANIFEST.provides(tuned, isa, function):
+        if not MANIFEST.provides(tuned, isa, function):
             continue  # not built for the ISA's tuned variant (manifest.json: built_for, not_provided)
         uses = MANIFEST.function(function)["manual_parameters"]
         winners = [(e["shape_classes"], {k: v for k, v in e["winner"]["params"].items() if k in uses})

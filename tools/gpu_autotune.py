@@ -238,7 +238,8 @@ def measure(args):
         if args.shape_classes and shape_class not in args.shape_classes:
             continue
         target = out / shape_class
-        pattern = f"^{re.escape(doc['function'])}/candidate_[A-Za-z0-9_]+/({'|'.join(map(re.escape, problems))})$"
+        impls = "candidate_[A-Za-z0-9_]+" + (f"|{args.peers}" if args.peers else "")
+        pattern = f"^{re.escape(doc['function'])}/({impls})/({'|'.join(map(re.escape, problems))})$"
         cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--bench", str(pathlib.Path(args.bench).resolve()),
                "--out", str(target), "--device", doc["device"], "--filter", pattern, "--exclude", "",
                "--rounds", str(args.rounds), "--min-time", str(args.min_time), "--pause", str(args.pause),
@@ -250,7 +251,7 @@ def measure(args):
                                     "seconds": round(time.time() - started)}
     measured = {"bundle": doc, "device": facts, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds"), "command": "tools/gpu_autotune.py " + " ".join(command_line(sys.argv[1:])),
-                "rounds": args.rounds, "min_time": args.min_time, "classes": comparisons}
+                "rounds": args.rounds, "min_time": args.min_time, "peers": args.peers, "classes": comparisons}
     (out / "measured.json").write_text(json.dumps(measured, indent=1) + "\n")
     print(f"measure: wrote {out / 'measured.json'}")
 
@@ -265,6 +266,8 @@ def class_results(comparison, function, kept):
         if group["function"] != function:
             continue
         for impl, entry in group["impls"].items():
+            if not impl.startswith("candidate_"):
+                continue  # a peer timed beside the candidates (measure --peers)
             key = impl[len("candidate_"):]
             if entry.get("error"):
                 errors.setdefault(key, []).append(f"{group['problem']}: {entry['error'][:200]}")
@@ -273,6 +276,21 @@ def class_results(comparison, function, kept):
     problems = {g["problem"] for g in comparison["groups"] if g["function"] == function}
     complete = {k: t for k, t in times.items() if set(t) == problems and k not in errors and k in kept}
     return complete, errors, sorted(problems)
+
+
+def peer_results(comparison, function, winner_ms):
+    """Per problem, each peer timed beside the candidates (measure --peers): its median and the
+    paired ratio peer time / winner time (above 1: the winner is faster)."""
+    out = {}
+    for group in comparison["groups"]:
+        if group["function"] != function or group["problem"] not in winner_ms:
+            continue
+        for impl, entry in group["impls"].items():
+            if not impl.startswith("candidate_") and entry.get("ms"):
+                out.setdefault(group["problem"], {})[impl] = {
+                    "median_ms": round(statistics.median(entry["ms"]), 4),
+                    "winner_speedup": round(paired_ratio(entry["ms"], winner_ms[group["problem"]]), 4)}
+    return out
 
 
 def paired_ratio(ms, base_ms):
@@ -319,6 +337,7 @@ def freeze(args):
             "search_space_size": doc["space_size"], "candidates_bundled": len(doc["candidates"]),
             "candidates_timed": len(times),
             "winner_time_over_default": scores[winner_key][2],
+            **({"peers": peers} if (peers := peer_results(comparison, doc["function"], times[winner_key])) else {}),
             "candidates": [{"key": c["key"], "params": c["params"], "status": c["status"],
                             **({"registers": c["registers"]} if "registers" in c else {}),
                             **({"message": c["message"]} if c.get("message") else {}),
@@ -400,6 +419,8 @@ def main():
     m.add_argument("--rounds", type=int, default=5)
     m.add_argument("--min-time", type=float, default=0.05, help="seconds per sample")
     m.add_argument("--pause", type=float, default=0.02, help="seconds of idle before each sample")
+    m.add_argument("--peers", help="regex of peers (as pytorch_sdpa) timed in the same interleaved rounds, so "
+                                   "that the winner's comparison with them is paired")
     f = steps.add_parser("freeze", help="here: freeze each shape class's winner with its provenance")
     f.add_argument("--bundle", required=True)
     f.add_argument("--results", required=True, help="the measure step's --out")

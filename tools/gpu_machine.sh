@@ -28,8 +28,10 @@
 #                                      back here, tools/gpu_machine.sh freeze makes autotuned_cuda
 #   tools/gpu_machine.sh freeze        here: every measured function's winners frozen
 #                                      (tools/gpu_autotune.py freeze) into generated/tuned/cuda/
-#   tools/gpu_machine.sh campaign      here: the steps a session lent a GPU runs, in order,
-#                                      each one command of the device tool (run them first)
+#   tools/gpu_machine.sh campaign      here: the device calls a session lent a GPU makes, in
+#                                      order (run them first)
+#   tools/gpu_machine.sh call N        there: campaign call N, its steps in order within its
+#                                      minutes, the results packed into $OUT (the device tool's)
 #   tools/gpu_machine.sh bench PART    there: the interleaved comparison, PART one of
 #                                      layer-short (fused layer, S <= 512), layer-long
 #                                      (S >= 2048), stages (each stage alone), core (the
@@ -54,23 +56,21 @@ variants='^(manual|autotuned)_avx2$|_avx512_|_cuda$'
 
 has_avx512() { grep -qw avx512f /proc/cpuinfo; }
 
-# The campaign, in order: "command|minutes at most|what it gives". The 2026-11-23 run took
-# under a minute per test scope and one to two per comparison at --min-time 0.05; these
-# give each step room (a device call stops at 10 minutes) and together need under 40.
-# Between the tuning and the comparisons, here: tools/gpu_machine.sh freeze, then pack again
-# (the build then has autotuned_cuda), carrying the new archive to the steps after.
+# The campaign: the device calls, in order, each "minutes|step;step;...|what it gives". A
+# session is lent 15 minutes of device time, and each machine start costs one to two, so
+# the steps share few calls. `call N` gives each step what is left of the call's minutes
+# (a step cut short loses only its own results) and packs everything into
+# $OUT/gpu-results.tar.xz. Call 1 took 7.5 minutes on an H200 on 2026-11-26 (tests 32 s,
+# the layer's tuning 206 s, the stages' 164 s, the AVX-512 tests 39 s); call 2 about 2.5.
+# Between them, here: tools/gpu_machine.sh freeze, then pack (the build gains autotuned_cuda).
 campaign=(
-  "machine|1|the GPU, driver and host CPU: machine.txt"
-  "test cuda|3|every CUDA variant against the reference: tests-cuda.log"
-  "tune attention_layer|8|the fused layer's candidates checked and timed: tune/attention_layer/"
-  "tune qkv_projection attention_scores masked_softmax weighted_sum output_layernorm|4|the stages' candidates: tune/<function>/"
-  "bench layer-short --rounds 7 --min-time 0.1|4|(after freeze and pack here) the fused layer at S <= 512 beside PyTorch eager, SDPA and the cuBLAS roofline"
-  "bench layer-long --rounds 7 --min-time 0.1|4|the fused layer at S = 2048 to 8192"
-  "bench core --rounds 7 --min-time 0.1|3|the attention core beside SDPA, every length"
-  "python|2|the Python package on CUDA tensors, checked and timed beside torch: python.log"
-  "test avx512|3|every AVX-512 variant on the host CPU (skipped without AVX-512): tests-avx512.log"
-  "bench cpu --rounds 7 --min-time 0.2|5|the AVX-512 variants beside AVX2, OpenBLAS, PyTorch and ONNX Runtime on every host thread"
+  "9|machine;test cuda;tune attention_layer;tune attention_scores masked_softmax weighted_sum qkv_projection output_layernorm;test avx512|the GPU, driver and host CPU; every CUDA variant against the reference; every function's candidates checked and timed, the fused layer's beside PyTorch eager, SDPA and the cuBLAS roofline (tune/); every AVX-512 variant on the host CPU"
+  "4|bench layer;bench core;bench stages;bench cpu;python|(after freeze and pack here) the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors"
 )
+# What a GPU comparison times: the hand-written and tuned CUDA variants and the peers (the
+# autoscheduled ones took 1.6-8x manual_cuda's time on an H100; bench ... --filter REGEX
+# names others).
+compared='(manual_cuda|autotuned_cuda|pytorch_eager|pytorch_sdpa|pytorch_sdpa_bf16|cublas_roofline)'
 
 # OpenBLAS 0.3.21 does not know the newest CPUs (Sapphire Rapids) and falls back to its
 # Prescott kernels, which made the roofline of the 2026-11-23 host meaningless: name the
@@ -139,17 +139,43 @@ freeze)
   exit
   ;;
 campaign)
-  total=0
-  echo "The GPU campaign, in order: each line one command of the device tool, in the repository root,"
-  echo "carrying build/gpu-carry.tar.xz and build/gpu-tune (tools/gpu_machine.sh pack and bundles, here, first):"
-  for step in "${campaign[@]}"; do
-    IFS='|' read -r command minutes what <<< "$step"
-    total=$((total + minutes))
-    printf '  tools/gpu_machine.sh %-48s # <= %d min: %s\n' "$command" "$minutes" "$what"
+  total=0 n=0
+  echo "The GPU campaign: each call one command of the device tool, in the repository root, carrying"
+  echo "build/gpu-carry.tar.xz and build/gpu-tune/cuda/*.tar.xz (tools/gpu_machine.sh pack and bundles, here, first);"
+  echo "unpack \$OUT/gpu-results.tar.xz into $out here after each:"
+  for entry in "${campaign[@]}"; do
+    IFS='|' read -r minutes steps what <<< "$entry"
+    total=$((total + minutes)) n=$((n + 1))
+    printf '  tools/gpu_machine.sh call %d   # <= %d min: %s\n      (%s)\n' "$n" "$minutes" "$steps" "$what"
   done
-  echo "at most $total minutes of device time; between the tune and bench steps, here: tools/gpu_machine.sh freeze,"
-  echo "tools/gpu_machine.sh pack (the build now has autotuned_cuda); then commit $out and generated/tuned/cuda"
+  echo "at most $total minutes of device time and two machine starts; between the calls, here:"
+  echo "tools/gpu_machine.sh freeze, tools/gpu_machine.sh pack; then commit $out and generated/tuned/cuda"
   exit
+  ;;
+call)
+  n="${1:-}"
+  [[ "$n" =~ ^[0-9]+$ && "$n" -ge 1 && "$n" -le ${#campaign[@]} ]] ||
+    { echo "usage: tools/gpu_machine.sh [--out DIR] call 1..${#campaign[@]}" >&2; exit 2; }
+  IFS='|' read -r minutes steps what <<< "${campaign[n - 1]}"
+  deadline=$((SECONDS + minutes * 60 - 20))  # 20 s left to pack the results
+  IFS=';' read -ra list <<< "$steps"
+  failed=0
+  for step in "${list[@]}"; do
+    left=$((deadline - SECONDS))
+    if ((left < 15)); then echo "=== $step: skipped, the call's $minutes minutes are spent"; continue; fi
+    echo "=== $step (at most $left s)"
+    # shellcheck disable=SC2086  # a step is words
+    timeout "$left" "$0" --out "$out" $step > "$out/step.log" 2>&1 && status=0 || status=$?
+    cat "$out/step.log" >> "$out/call-$n.log"
+    tail -4 "$out/step.log"
+    echo "=== $step: exit $status"
+    ((status == 0)) || failed=1
+  done
+  rm -f "$out/step.log"
+  if [[ -n "${OUT:-}" ]]; then
+    tar -C "$out" -cJf "$OUT/gpu-results.tar.xz" . && echo "results: \$OUT/gpu-results.tar.xz"
+  fi
+  exit "$failed"
   ;;
 machine)
   {
@@ -199,8 +225,11 @@ tune)
     [[ -f "$archive" ]] || { echo "tune: no $archive (tools/gpu_machine.sh bundles here, then carry build/gpu-tune)" >&2; exit 1; }
     rm -rf "build/gpu-tune/there/$function" && mkdir -p build/gpu-tune/there
     tar -C build/gpu-tune/there -xJf "$archive"
+    # The fused layer's candidates are timed beside PyTorch's (eager, SDPA) and the cuBLAS
+    # roofline in the same rounds, so the winner's ratios to them are paired.
+    peers=(); [[ "$function" == attention_layer ]] && peers=(--peers 'pytorch_eager|pytorch_sdpa|cublas_roofline')
     python3 tools/gpu_autotune.py measure --bundle "build/gpu-tune/there/$function" --bench "$carry/attn_bench" \
-      --out "$out/tune/$function"
+      --out "$out/tune/$function" "${peers[@]}"
   done
   ;;
 bench)
@@ -209,22 +238,26 @@ bench)
   part="${1:-}"
   shift || true
   compare=(python3 bench/compare.py --bench "$carry/attn_bench" --out "$out/$part" --no-chart)
+  # Short samples: a GPU call takes microseconds to milliseconds, and the device time is scarce.
+  gpu=(--device cuda --rounds 7 --min-time 0.05 --pause 0.02)
   long='_s(2048|4096|8192)_'
   case "$part" in
-  layer-short) "${compare[@]}" --device cuda --filter "^attention_layer/" --exclude "$long" "$@" ;;
-  layer-long) "${compare[@]}" --device cuda --filter "^attention_layer/.*$long" "$@" ;;
-  stages) "${compare[@]}" --device cuda --exclude "^attention_(layer|core)/" "$@" ;;
-  core) "${compare[@]}" --device cuda --filter "^attention_core/" "$@" ;;
+  layer) "${compare[@]}" "${gpu[@]}" --filter "^attention_layer/$compared/" "$@" ;;
+  layer-short) "${compare[@]}" "${gpu[@]}" --filter "^attention_layer/$compared/" --exclude "$long" "$@" ;;
+  layer-long) "${compare[@]}" "${gpu[@]}" --filter "^attention_layer/$compared/.*$long" "$@" ;;
+  stages) "${compare[@]}" "${gpu[@]}" --filter "^[a-z_]+/$compared/" --exclude "^attention_(layer|core)/" "$@" ;;
+  core) "${compare[@]}" "${gpu[@]}" --filter "^attention_core/$compared/" "$@" ;;
   cpu)
     has_avx512 || { echo "bench cpu: this CPU has no AVX-512" >&2; exit 1; }
-    "${compare[@]}" --device cpu --filter "^attention_layer/" --exclude "$long|/(mullapudi2016|adams2019|li2018)_" "$@"
+    "${compare[@]}" --device cpu --rounds 5 --min-time 0.1 --pause 0.05 --filter "^attention_layer/" \
+      --exclude "$long|/(mullapudi2016|adams2019|li2018)_" "$@"
     ;;
-  *) echo "usage: tools/gpu_machine.sh [--out DIR] bench layer-short|layer-long|stages|core|cpu [compare.py options]" >&2
+  *) echo "usage: tools/gpu_machine.sh [--out DIR] bench layer|layer-short|layer-long|stages|core|cpu [compare.py options]" >&2
      exit 2 ;;
   esac
   ;;
 *)
-  echo "usage: tools/gpu_machine.sh [--out DIR] pack|bundles|campaign|machine|test|tune FUNCTION...|python|bench PART|freeze" >&2
+  echo "usage: tools/gpu_machine.sh [--out DIR] pack|bundles|campaign|call N|machine|test|tune FUNCTION...|python|bench PART|freeze" >&2
   exit 2
   ;;
 esac
