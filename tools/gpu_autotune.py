@@ -3,7 +3,10 @@
 
 A GPU is lent to few sessions, and the machine that has one has no Halide, no toolchain
 and no network, so tuning a GPU ISA of manifest.json (cuda; opencl rehearses the whole
-path in CI on PoCL) is three steps:
+path in CI on PoCL) is three steps. The same steps tune a CPU ISA on that machine's host
+CPU (avx512_skylake, on its 16 threads), where the CPU tuner (tools/autotune.py) cannot
+run: the space is then the CPU tuner's for the hand-written schedule, and each candidate
+is timed on all of the host's threads.
 
   bundle (here)   the hand-written GPU schedule's parameter space for one function
                   (manifest.json: the function's GPU parameters, tools/manifest.py
@@ -66,16 +69,22 @@ MANIFEST = manifest_lib.load()
 BUNDLE_LIMIT_BYTES = 48 * 1024 * 1024
 
 
-def gpu_space(function, seed, max_candidates):
-    """The candidates' parameters in search order: the GPU defaults first, then the rest of the
-    product of each GPU parameter's gpu_search values (its default alone where it has none),
-    shuffled with `seed`; at most max_candidates (0: all)."""
-    names = MANIFEST.tuning_parameters(function, gpu=True)
-    defaults = MANIFEST.manual_defaults(gpu=True)
-    default = {n: defaults[n] for n in names}
-    axes = [MANIFEST.manual_parameters[n].get("gpu_search", [default[n]]) for n in names]
-    rest = [dict(zip(names, values)) for values in itertools.product(*axes)]
-    rest = [p for p in rest if p != default]
+def search_space(function, isa, seed, max_candidates):
+    """The candidates' parameters in search order: the defaults first, then the rest shuffled
+    with `seed`; at most max_candidates (0: all). On a GPU ISA, the product of each GPU
+    parameter's gpu_search values (its default alone where it has none); on a CPU ISA (the
+    GPU machine's host), the CPU tuner's space of the hand-written schedule
+    (tools/autotune.py manual_candidates: the ISA's register tiles and each search value)."""
+    if MANIFEST.isas[isa]["device"] == "cpu":
+        import autotune  # here only
+        default, *rest = [params for _, params in autotune.manual_candidates(function, isa)]
+    else:
+        names = MANIFEST.tuning_parameters(function, gpu=True)
+        defaults = MANIFEST.manual_defaults(gpu=True)
+        default = {n: defaults[n] for n in names}
+        axes = [MANIFEST.manual_parameters[n].get("gpu_search", [default[n]]) for n in names]
+        rest = [dict(zip(names, values)) for values in itertools.product(*axes)]
+        rest = [p for p in rest if p != default]
     random.Random(seed).shuffle(rest)
     space = [default] + rest
     return space[:max_candidates] if max_candidates else space
@@ -106,8 +115,8 @@ def ptxas_figures(library_folder, suffix, functions, ptxas):
 
 def bundle(args):
     import autotune  # here only: the compile step is the CPU tuner's
-    if MANIFEST.isas.get(args.isa, {}).get("device") not in ("cuda", "opencl"):
-        sys.exit(f"{args.isa} is not a GPU ISA of manifest.json")
+    if args.isa not in MANIFEST.isas or MANIFEST.arch(args.isa) != "x86-64":
+        sys.exit(f"{args.isa} is not an ISA of manifest.json that the GPU machine or its x86-64 host runs")
     function = args.function
     generator = MANIFEST.function(function)["generator"]
     if MANIFEST.function(function).get("tuned_with", generator) != generator:
@@ -129,7 +138,7 @@ def bundle(args):
         if not ptxas:
             sys.exit("bundle: ptxas not found (the CUDA toolkit, or --ptxas PATH): a CUDA candidate must be "
                      "assembled to be kept")
-    space = gpu_space(function, args.seed, args.max_candidates)
+    space = search_space(function, args.isa, args.seed, args.max_candidates)
     print(f"bundle: {function} for {args.isa} ({target}): {len(space)} candidates, {args.jobs} compile jobs, "
           f"into {out}", flush=True)
 
@@ -173,7 +182,7 @@ def bundle(args):
            "sources_hash": source_hash(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                timespec="seconds"),
            "command": "tools/gpu_autotune.py " + " ".join(command_line(sys.argv[1:])),
-           "space_size": len(gpu_space(function, args.seed, 0)), "candidates": records}
+           "space_size": len(search_space(function, args.isa, args.seed, 0)), "candidates": records}
     (out / "bundle.json").write_text(json.dumps(doc, indent=1) + "\n")
     archive = out.parent / f"{out.name}.tar.xz"
     with tarfile.open(archive, "w:xz") as tar:
@@ -206,7 +215,8 @@ def command_line(argv):
 # ---- measure (on the GPU machine) ----
 
 def device_facts(device):
-    """The GPU, its driver and CUDA version (nvidia-smi), or for OpenCL the CPU PoCL runs on."""
+    """The GPU, its driver and CUDA version (nvidia-smi); for OpenCL, the CPU PoCL runs on; for a
+    CPU ISA, the CPU, its threads and its AVX-512 extensions (the candidates run on all threads)."""
     facts = {"device": device}
     if device == "cuda":
         try:
@@ -218,10 +228,13 @@ def device_facts(device):
             facts["cuda"] = found.group(1) if found else "unknown"
         except (OSError, subprocess.CalledProcessError, IndexError) as e:
             sys.exit(f"measure: no NVIDIA GPU answers nvidia-smi ({e}); nothing to time")
-    else:
+    elif device == "opencl":
         facts["opencl"] = "PoCL (OpenCL on the CPU)"
-    facts["cpu"] = next((line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text()
-                         .splitlines() if line.startswith("model name")), "unknown")
+    info = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    facts["cpu"] = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "unknown")
+    if device == "cpu":
+        flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+        facts.update(threads=os.cpu_count(), avx512=sorted(f for f in flags if f.startswith("avx512")))
     return facts
 
 
@@ -231,6 +244,9 @@ def measure(args):
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     facts = device_facts(doc["device"])
+    on_cpu = doc["device"] == "cpu"
+    args.min_time = args.min_time if args.min_time is not None else (0.1 if on_cpu else 0.05)
+    args.pause = args.pause if args.pause is not None else (0.25 if on_cpu and args.peers else 0.02)
     kept = [c for c in doc["candidates"] if c["status"] == "compiled"]
     candidates = [f"--candidate={folder / c['library']}:{c['key']}:{doc['isa']}" for c in kept]
     comparisons = {}
@@ -251,7 +267,8 @@ def measure(args):
                                     "seconds": round(time.time() - started)}
     measured = {"bundle": doc, "device": facts, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds"), "command": "tools/gpu_autotune.py " + " ".join(command_line(sys.argv[1:])),
-                "rounds": args.rounds, "min_time": args.min_time, "peers": args.peers, "classes": comparisons}
+                "rounds": args.rounds, "min_time": args.min_time, "pause": args.pause, "peers": args.peers,
+                "classes": comparisons}
     (out / "measured.json").write_text(json.dumps(measured, indent=1) + "\n")
     print(f"measure: wrote {out / 'measured.json'}")
 
@@ -395,7 +412,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     steps = parser.add_subparsers(dest="step", required=True)
     b = steps.add_parser("bundle", help="here: compile the candidates and pack them")
-    b.add_argument("--isa", required=True, help="a GPU ISA of manifest.json (cuda; opencl rehearses on PoCL)")
+    b.add_argument("--isa", required=True, help="an ISA of manifest.json: cuda; opencl (rehearses on PoCL); a CPU ISA "
+                                                  "of the GPU machine's host (avx512_skylake)")
     b.add_argument("--function", required=True, help="a function of manifest.json; its winner serves its generator's")
     b.add_argument("--shape-classes", nargs="+", default=list(MANIFEST.shape_classes),
                    choices=list(MANIFEST.shape_classes))
@@ -417,8 +435,9 @@ def main():
     m.add_argument("--out", required=True, help="folder for measured.json and each class's comparison")
     m.add_argument("--shape-classes", nargs="+", help="only these of the bundle's classes")
     m.add_argument("--rounds", type=int, default=5)
-    m.add_argument("--min-time", type=float, default=0.05, help="seconds per sample")
-    m.add_argument("--pause", type=float, default=0.02, help="seconds of idle before each sample")
+    m.add_argument("--min-time", type=float, help="seconds per sample (default 0.05 on a GPU, 0.1 on a CPU)")
+    m.add_argument("--pause", type=float, help="seconds of idle before each sample (default 0.02; 0.25 on a CPU "
+                                               "with --peers, whose spinning thread pools must go quiet first)")
     m.add_argument("--peers", help="regex of peers (as pytorch_sdpa) timed in the same interleaved rounds, so "
                                    "that the winner's comparison with them is paired")
     f = steps.add_parser("freeze", help="here: freeze each shape class's winner with its provenance")

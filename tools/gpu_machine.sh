@@ -19,15 +19,17 @@
 #   tools/gpu_machine.sh python        there: the Python package on CUDA tensors against torch
 #                                      and timed beside it (tools/gpu_python_check.py), if
 #                                      that machine's python3 is the version it was built for
-#   tools/gpu_machine.sh bundles       here: the GPU autotuner's candidates (tools/gpu_autotune.py
-#                                      bundle) for every function of the cuda ISA, compiled and
-#                                      assembled, packed as build/gpu-tune/cuda/<function>.tar.xz
-#                                      (carry build/gpu-tune beside the archive above)
-#   tools/gpu_machine.sh tune FUNCTION...  there: each function's candidates checked and timed
-#                                      (tools/gpu_autotune.py measure): generated/results/gpu/tune/;
-#                                      back here, tools/gpu_machine.sh freeze makes autotuned_cuda
+#   tools/gpu_machine.sh bundles [ISA] here: the GPU autotuner's candidates (tools/gpu_autotune.py
+#                                      bundle) for every function of the ISA (cuda, or the host
+#                                      CPU's avx512_skylake), compiled (and assembled), packed as
+#                                      build/gpu-tune/ISA/<function>.tar.xz (carry them beside
+#                                      the archive above)
+#   tools/gpu_machine.sh tune [--isa ISA] FUNCTION...  there: each function's candidates checked
+#                                      and timed (tools/gpu_autotune.py measure):
+#                                      generated/results/gpu/tune/ (tune-ISA/ for a host CPU ISA);
+#                                      back here, tools/gpu_machine.sh freeze makes autotuned_<ISA>
 #   tools/gpu_machine.sh freeze        here: every measured function's winners frozen
-#                                      (tools/gpu_autotune.py freeze) into generated/tuned/cuda/
+#                                      (tools/gpu_autotune.py freeze) into generated/tuned/ISA/
 #   tools/gpu_machine.sh campaign      here: the device calls a session lent a GPU makes, in
 #                                      order (run them first)
 #   tools/gpu_machine.sh call N        there: campaign call N, its steps in order within its
@@ -61,11 +63,13 @@ has_avx512() { grep -qw avx512f /proc/cpuinfo; }
 # the steps share few calls. `call N` gives each step what is left of the call's minutes
 # (a step cut short loses only its own results) and packs everything into
 # $OUT/gpu-results.tar.xz. Call 1 took 7.5 minutes on an H200 on 2026-11-26 (tests 32 s,
-# the layer's tuning 206 s, the stages' 164 s, the AVX-512 tests 39 s); call 2 about 2.5.
-# Between them, here: tools/gpu_machine.sh freeze, then pack (the build gains autotuned_cuda).
+# the layer's tuning 206 s, the stages' 164 s, the AVX-512 tests 39 s); call 2 about 2.5;
+# the first start about half a minute. Between calls 1 and 2, here: tools/gpu_machine.sh
+# freeze, then pack (the build gains autotuned_cuda).
 campaign=(
   "9|machine;test cuda;tune attention_layer;tune attention_scores masked_softmax weighted_sum qkv_projection output_layernorm;test avx512|the GPU, driver and host CPU; every CUDA variant against the reference; every function's candidates checked and timed, the fused layer's beside PyTorch eager, SDPA and the cuBLAS roofline (tune/); every AVX-512 variant on the host CPU"
   "4|bench layer;bench core;bench stages;bench cpu;python|(after freeze and pack here) the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors"
+  "8|tune --isa avx512_skylake attention_layer;tune --isa avx512_skylake attention_scores masked_softmax weighted_sum qkv_projection output_layernorm|(needs tools/gpu_machine.sh bundles avx512_skylake here; the next session's first call if this one has no minutes left) the host CPU's candidates checked and timed on all its threads, the fused layer's beside ONNX Runtime and PyTorch (tune-avx512_skylake/): freeze then makes autotuned_avx512_skylake"
 )
 # What a GPU comparison times: the hand-written and tuned CUDA variants and the peers (the
 # autoscheduled ones took 1.6-8x manual_cuda's time on an H100; bench ... --filter REGEX
@@ -117,39 +121,48 @@ pack)
   exit
   ;;
 bundles)
+  isa="${1:-cuda}"
   source tools/setup.sh
   cmake --preset release >/dev/null
   cmake --build --preset release --target attn_generators attn_bench
-  for function in $(python3 tools/gpu_autotune.py families --isa cuda); do
-    # The fused layer's space (96) is sampled: each candidate's CUDA module is JIT-compiled
-    # there at its first launch, and the tuning step has 10 minutes.
-    limit=0; [[ "$function" == attention_layer ]] && limit=32
-    python3 tools/gpu_autotune.py bundle --isa cuda --function "$function" --max-candidates "$limit" \
-      --generator build/release/attn_generators --out "build/gpu-tune/cuda/$function"
+  for function in $(python3 tools/gpu_autotune.py families --isa "$isa"); do
+    # Large spaces are sampled: the fused layer's CUDA space (96; each candidate's module is
+    # JIT-compiled there at its first launch) and the CPU ones (2256 for the layer, up to
+    # 192 for a stage), so that each tuning step fits its share of a device call (call 3:
+    # about 4 minutes for the layer's 16 beside the peers, 2.5 for the stages', estimated
+    # from the rehearsal here).
+    if [[ "$isa" == cuda ]]; then limit=0; [[ "$function" == attention_layer ]] && limit=32
+    else limit=8; [[ "$function" == attention_layer ]] && limit=16; fi
+    python3 tools/gpu_autotune.py bundle --isa "$isa" --function "$function" --max-candidates "$limit" \
+      --generator build/release/attn_generators --out "build/gpu-tune/$isa/$function"
   done
-  du -ch build/gpu-tune/cuda/*.tar.xz | tail -1
+  du -ch "build/gpu-tune/$isa"/*.tar.xz | tail -1
   exit
   ;;
 freeze)
   source tools/setup.sh
-  for results in "$out"/tune/*/measured.json; do
+  # tune/ holds the CUDA measurements, tune-<isa>/ those of a host CPU ISA.
+  for results in "$out"/tune/*/measured.json "$out"/tune-*/*/measured.json; do
+    [[ -f "$results" ]] || continue
     function=$(basename "$(dirname "$results")")
-    python3 tools/gpu_autotune.py freeze --bundle "build/gpu-tune/cuda/$function" --results "$(dirname "$results")"
+    isa=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["bundle"]["isa"])' "$results")
+    python3 tools/gpu_autotune.py freeze --bundle "build/gpu-tune/$isa/$function" --results "$(dirname "$results")"
   done
   exit
   ;;
 campaign)
   total=0 n=0
   echo "The GPU campaign: each call one command of the device tool, in the repository root, carrying"
-  echo "build/gpu-carry.tar.xz and build/gpu-tune/cuda/*.tar.xz (tools/gpu_machine.sh pack and bundles, here, first);"
+  echo "build/gpu-carry.tar.xz and build/gpu-tune/<isa>/*.tar.xz (tools/gpu_machine.sh pack and bundles [ISA], here, first);"
   echo "unpack \$OUT/gpu-results.tar.xz into $out here after each:"
   for entry in "${campaign[@]}"; do
     IFS='|' read -r minutes steps what <<< "$entry"
     total=$((total + minutes)) n=$((n + 1))
     printf '  tools/gpu_machine.sh call %d   # <= %d min: %s\n      (%s)\n' "$n" "$minutes" "$steps" "$what"
   done
-  echo "at most $total minutes of device time and two machine starts; between the calls, here:"
-  echo "tools/gpu_machine.sh freeze, tools/gpu_machine.sh pack; then commit $out and generated/tuned/cuda"
+  echo "at most $total minutes of device time (a session has 15: calls left over open the next lent session);"
+  echo "between calls 1 and 2, here: tools/gpu_machine.sh freeze, tools/gpu_machine.sh pack; after the last,"
+  echo "tools/gpu_machine.sh freeze; then commit $out and generated/tuned/"
   exit
   ;;
 call)
@@ -219,17 +232,24 @@ python)
 tune)
   # Each function's bundle (tools/gpu_machine.sh bundles, carried), unpacked and measured.
   export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  (($#)) || { echo "usage: tools/gpu_machine.sh [--out DIR] tune FUNCTION..." >&2; exit 2; }
+  isa=cuda results="$out/tune"
+  if [[ "${1:-}" == --isa ]]; then isa="$2" results="$out/tune-$2"; shift 2; fi
+  (($#)) || { echo "usage: tools/gpu_machine.sh [--out DIR] tune [--isa ISA] FUNCTION..." >&2; exit 2; }
   for function in "$@"; do
-    archive="build/gpu-tune/cuda/$function.tar.xz"
+    archive="build/gpu-tune/$isa/$function.tar.xz"
     [[ -f "$archive" ]] || { echo "tune: no $archive (tools/gpu_machine.sh bundles here, then carry build/gpu-tune)" >&2; exit 1; }
     rm -rf "build/gpu-tune/there/$function" && mkdir -p build/gpu-tune/there
     tar -C build/gpu-tune/there -xJf "$archive"
-    # The fused layer's candidates are timed beside PyTorch's (eager, SDPA) and the cuBLAS
-    # roofline in the same rounds, so the winner's ratios to them are paired.
-    peers=(); [[ "$function" == attention_layer ]] && peers=(--peers 'pytorch_eager|pytorch_sdpa|cublas_roofline')
+    # The fused layer's candidates are timed beside the peers in the same rounds, so the
+    # winner's ratios to them are paired: on a GPU PyTorch's (eager, SDPA) and the cuBLAS
+    # roofline, on the host CPU ONNX Runtime's and PyTorch's.
+    peers=()
+    if [[ "$function" == attention_layer ]]; then
+      if [[ "$isa" == cuda ]]; then peers=(--peers 'pytorch_eager|pytorch_sdpa|cublas_roofline')
+      else openblas_kernels; peers=(--peers 'onnxruntime|pytorch'); fi
+    fi
     python3 tools/gpu_autotune.py measure --bundle "build/gpu-tune/there/$function" --bench "$carry/attn_bench" \
-      --out "$out/tune/$function" "${peers[@]}"
+      --out "$results/$function" "${peers[@]}"
   done
   ;;
 bench)

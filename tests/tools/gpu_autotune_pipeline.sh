@@ -3,6 +3,8 @@
 #  - OpenCL on PoCL: a two-candidate bundle of qkv_projection is compiled and packed, each
 #    candidate checked against the reference and timed by bench/compare.py, and the winner
 #    frozen with its provenance (into a scratch folder, not generated/tuned);
+#  - a CPU ISA (the GPU machine's host CPU is tuned this way): a two-candidate bundle
+#    measured on this CPU's threads and frozen, with the CPU and its threads recorded;
 #  - CUDA: a bundle's candidates are assembled by ptxas (registers recorded), and the measure
 #    step refuses to run without a GPU, saying so.
 # Usage: gpu_autotune_pipeline.sh PYTHON ATTN_BENCH ATTN_GENERATORS WORK_DIR
@@ -40,6 +42,27 @@ timed = [c for c in p["candidates"] if "median_ms" in c]
 assert len(timed) == 2 and all(c["median_ms"]["b1_s128_h384_n12"] > 0 for c in timed), timed
 assert entry["params"] in [c["params"] for c in timed], "the winner is not a timed candidate"
 print(f"frozen: {entry['params']}, {p['winner_time_over_default']} of the default's time")
+PY
+
+# A CPU ISA, as the GPU machine's host CPU is tuned (there avx512_skylake; here sse41, which
+# every x86-64 CPU runs): the CPU tuner's space, each candidate timed on all threads, and
+# the machine's CPU and threads recorded.
+"$python" "$tool" bundle --isa sse41 --function qkv_projection --shape-classes short --problems b1_s128_h384_n12 \
+  --max-candidates 2 --generator "$generators" --out "$work/sse41/qkv_projection"
+mkdir -p "$work/there-cpu" && tar -C "$work/there-cpu" -xJf "$work/sse41/qkv_projection.tar.xz"
+"$python" "$tool" measure --bundle "$work/there-cpu/qkv_projection" --bench "$bench" --out "$work/results-cpu" \
+  --rounds 5 --min-time 0.01
+"$python" "$tool" freeze --bundle "$work/sse41/qkv_projection" --results "$work/results-cpu" --tuned-dir "$work/tuned"
+"$python" - "$work/tuned/sse41" <<'PY'
+import json, os, pathlib, sys
+folder = pathlib.Path(sys.argv[1])
+[entry] = json.loads((folder / "qkv_projection.json").read_text())["classes"]
+assert set(entry["params"]) == {"tile_rows", "tile_vectors"}, entry
+p = json.loads((folder / "qkv_projection.provenance.json").read_text())["classes"][0]["provenance"]
+machine = p["machine"]
+assert machine["device"] == "cpu" and machine["threads"] == os.cpu_count() and machine["cpu"], machine
+assert p["candidates_timed"] == 2 and entry["params"] in [c["params"] for c in p["candidates"]], p
+print(f"frozen for the CPU: {entry['params']}, {p['winner_time_over_default']} of the default's time")
 PY
 
 # CUDA: compiled and assembled here; timed only where a GPU is.
