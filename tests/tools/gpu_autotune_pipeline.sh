@@ -16,18 +16,24 @@ tool="$root/tools/gpu_autotune.py"
 rm -rf "$work" && mkdir -p "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 
-"$python" "$tool" bundle --isa opencl --function qkv_projection --shape-classes short --problems b1_s128_h384_n12 \
-  --max-candidates 2 --generator "$generators" --out "$work/opencl/qkv_projection"
-[[ -f "$work/opencl/qkv_projection.tar.xz" ]] || fail "no packed bundle"
-compiled=$("$python" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(sum(c["status"] == "compiled" for c in d["candidates"]))' \
-  "$work/opencl/qkv_projection/bundle.json")
-[[ "$compiled" == 2 ]] || fail "expected 2 compiled candidates, got $compiled"
+# Two candidates of qkv_projection for ISA bundled, the archive alone unpacked elsewhere (what
+# the GPU machine gets), each candidate checked and timed, the winner frozen into a scratch
+# folder.
+rehearse() {
+  local isa="$1"
+  "$python" "$tool" bundle --isa "$isa" --function qkv_projection --shape-classes short \
+    --problems b1_s128_h384_n12 --max-candidates 2 --generator "$generators" --out "$work/$isa/qkv_projection"
+  [[ -f "$work/$isa/qkv_projection.tar.xz" ]] || fail "$isa: no packed bundle"
+  compiled=$("$python" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(sum(c["status"] == "compiled" for c in d["candidates"]))' \
+    "$work/$isa/qkv_projection/bundle.json")
+  [[ "$compiled" == 2 ]] || fail "$isa: expected 2 compiled candidates, got $compiled"
+  mkdir -p "$work/there-$isa" && tar -C "$work/there-$isa" -xJf "$work/$isa/qkv_projection.tar.xz"
+  "$python" "$tool" measure --bundle "$work/there-$isa/qkv_projection" --bench "$bench" --out "$work/results-$isa" \
+    --rounds 5 --min-time 0.01
+  "$python" "$tool" freeze --bundle "$work/$isa/qkv_projection" --results "$work/results-$isa" --tuned-dir "$work/tuned"
+}
 
-# What a GPU machine gets: the archive alone, unpacked elsewhere.
-mkdir -p "$work/there" && tar -C "$work/there" -xJf "$work/opencl/qkv_projection.tar.xz"
-"$python" "$tool" measure --bundle "$work/there/qkv_projection" --bench "$bench" --out "$work/results" \
-  --rounds 5 --min-time 0.01
-"$python" "$tool" freeze --bundle "$work/opencl/qkv_projection" --results "$work/results" --tuned-dir "$work/tuned"
+rehearse opencl
 "$python" - "$work/tuned/opencl" <<'PY'
 import json, pathlib, sys
 folder = pathlib.Path(sys.argv[1])
@@ -47,12 +53,7 @@ PY
 # A CPU ISA, as the GPU machine's host CPU is tuned (there avx512_skylake; here sse41, which
 # every x86-64 CPU runs): the CPU tuner's space, each candidate timed on all threads, and
 # the machine's CPU and threads recorded.
-"$python" "$tool" bundle --isa sse41 --function qkv_projection --shape-classes short --problems b1_s128_h384_n12 \
-  --max-candidates 2 --generator "$generators" --out "$work/sse41/qkv_projection"
-mkdir -p "$work/there-cpu" && tar -C "$work/there-cpu" -xJf "$work/sse41/qkv_projection.tar.xz"
-"$python" "$tool" measure --bundle "$work/there-cpu/qkv_projection" --bench "$bench" --out "$work/results-cpu" \
-  --rounds 5 --min-time 0.01
-"$python" "$tool" freeze --bundle "$work/sse41/qkv_projection" --results "$work/results-cpu" --tuned-dir "$work/tuned"
+rehearse sse41
 "$python" - "$work/tuned/sse41" <<'PY'
 import json, os, pathlib, sys
 folder = pathlib.Path(sys.argv[1])
