@@ -82,6 +82,15 @@ def _as_array(name, a, dtype="float32"):
     return a
 
 
+def _widened(name, a):
+    """A float32 tensor or array for `a`: a torch bfloat16 tensor widened to a float32 copy
+    (exact: every bf16 value is a float32), anything else checked as float32, unchanged."""
+    if _is_torch(a) and a.dtype == _torch().bfloat16:
+        with _torch().inference_mode(False):  # a plain tensor, with the version the operators key on
+            return a.detach().float()
+    return _as_array(name, a)
+
+
 def _check_no_grad(named):
     """Inference only: with autograd recording, a tensor that requires grad is an error
     (the kernels have no backward)."""
@@ -173,8 +182,9 @@ def _core_masks(attn_mask, key_padding_mask, batch, heads, s_q, s_k, reference):
     """attn_mask (torch's: bool, True = take part, or additive float, broadcastable to
     [B, heads, S_q, S_k]) and key_padding_mask [B, S_k] as the runtime takes them: a key
     padding mask [B, S_k], and an additive bias [B or 1, heads or 1, S_q, S_k]. A mask that
-    only excludes keys (the same for every query and head, values 0 or -inf / float32's lowest)
-    becomes the key padding mask, which costs nothing and gives a fully masked row zeros."""
+    only excludes keys (the same for every query and head, values 0 or -inf / its type's lowest)
+    becomes the key padding mask, which costs nothing and gives a fully masked row zeros. A
+    torch.bfloat16 mask is widened to float32."""
     keys = None
     if key_padding_mask is not None:
         key_padding_mask = _as_array("key_padding_mask", key_padding_mask, "mask")
@@ -187,8 +197,11 @@ def _core_masks(attn_mask, key_padding_mask, batch, heads, s_q, s_k, reference):
     if attn_mask is not None:
         _check_device("attn_mask", attn_mask, "q", reference)
         is_bool = _dtype(attn_mask) == "bool"
+        lowest = np.finfo(np.float32).min  # what excludes a key, in the mask's own type
         if not is_bool:
-            _as_array("attn_mask", attn_mask)
+            if _is_torch(attn_mask) and attn_mask.dtype == _torch().bfloat16:  # a bf16 model's mask
+                lowest = _torch().finfo(_torch().bfloat16).min
+            attn_mask = _widened("attn_mask", attn_mask)
         shape = _shape(attn_mask)
         full = (batch, heads, s_q, s_k)
         padded = (1,) * (4 - len(shape)) + shape
@@ -203,7 +216,6 @@ def _core_masks(attn_mask, key_padding_mask, batch, heads, s_q, s_k, reference):
             if is_bool:
                 key_only = row
             else:
-                lowest = np.finfo(np.float32).min
                 excluded = row <= lowest
                 if bool(((row == 0) | excluded).all()):
                     key_only = ~excluded
@@ -326,18 +338,23 @@ class AttentionLayer:
 
     precision="bf16" computes the four projections in bf16 (attn::Precision::bf16): the weight
     matrices rounded to bf16 once, here (so later changes to them are not seen), the inputs of
-    each projection rounded as they enter, f32 sums; inputs and outputs stay float32. It runs
-    on a CPU with avx512bf16, or, with allow_storage_only=True, as bf16 storage with f32
-    arithmetic elsewhere; without probabilities.
+    each projection rounded as they enter, f32 sums. It runs on a CPU with avx512bf16, or,
+    with allow_storage_only=True, as bf16 storage with f32 arithmetic elsewhere; without
+    probabilities.
+
+    torch.bfloat16 tensors (a model in bf16) are taken too, in either precision: the weights
+    widened once, here, to float32 copies (so later changes to them are not seen; with
+    precision="bf16" the rounding then changes nothing), and each call's inputs widened, the
+    outputs rounded back to bfloat16.
     """
 
     def __init__(self, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, gamma, beta, *, num_heads, layer_norm_eps=1e-12,
                  causal=False, variant=None, precision="fp32", allow_storage_only=False):
         weights = dict(zip(_WEIGHTS, (w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, gamma, beta)))
         for name, w in weights.items():
-            _as_array(name, w)
-            _check_device(name, w, "w_q", w_q)
+            _check_device(name, _widened(name, w), "w_q", w_q)
         self._parameters = weights  # as given: whether they require grad is checked per call
+        weights = {name: _widened(name, w) for name, w in weights.items()}
         if _is_torch(w_q):
             weights = {name: w.detach() for name, w in weights.items()}
         if not isinstance(num_heads, int) or isinstance(num_heads, bool):
@@ -395,6 +412,12 @@ class AttentionLayer:
         [heads or 1, S_max, S_max]). output_attentions: also returns the probabilities,
         [B, heads, S, S] (packed: each sequence's [heads, L, L], concatenated).
         """
+        if _is_torch(hidden_states) and hidden_states.dtype == _torch().bfloat16:
+            _check_no_grad([("hidden_states", hidden_states), ("bias", bias)])
+            out = self.forward(hidden_states.float(), attention_mask, output_attentions, cu_seqlens=cu_seqlens,
+                               bias=None if bias is None else _widened("bias", bias))
+            rounded = lambda t: t.to(_torch().bfloat16)  # noqa: E731
+            return tuple(map(rounded, out)) if isinstance(out, tuple) else rounded(out)
         x = _as_array("hidden_states", hidden_states)
         _check_no_grad([("hidden_states", x), ("bias", bias), *self._parameters.items()])
         _check_device("hidden_states", x, "the weights", self.weights["w_q"])

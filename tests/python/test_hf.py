@@ -49,6 +49,29 @@ def test_patched_model_matches_its_own_attention(implementation):
         assert torch.equal(model(input_ids=ids, attention_mask=mask).last_hidden_state, expected)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_patched_bfloat16_model_is_as_close_as_its_own_attention(precision):
+    """A model in torch.bfloat16, patched: its attention computed by attn (in fp32, or in bf16
+    on a CPU that has it) is no further from the model's float32 result (the same bf16 weights,
+    widened) than the model's own bf16 attention is."""
+    if precision == "bf16" and not any("attention_layer_bf16" in v["functions"] and v["runnable"]
+                                       for v in attn.variants()):
+        pytest.skip("this build has no runnable bf16 variant (arm64: built_for)")
+    model = small_bert("eager").to(torch.bfloat16)
+    ids, mask = ids_and_mask([13, 5, 1, 9], 13)
+    real = mask.bool()
+    with torch.inference_mode():
+        own = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        exact = small_bert("eager").to(torch.bfloat16).float()(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert attn.hf.patch(model, precision=precision) == 2
+        assert all(layer.precision == precision for layer in attn.hf.patched(model))
+        ours = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert ours.dtype == torch.bfloat16
+    own_error = (own.float() - exact)[real].abs().max().item()
+    our_error = (ours.float() - exact)[real].abs().max().item()
+    assert 0 < our_error <= own_error * 1.5, (our_error, own_error)
+
+
 def test_patch_refuses_a_model_without_bert_attention():
     with pytest.raises(ValueError, match="model: expected BERT-family attention blocks"):
         attn.hf.patch(torch.nn.Sequential(torch.nn.Linear(4, 4)))

@@ -182,3 +182,31 @@ def test_bf16_layer_is_close_to_fp32_and_not_it():
         bf16(x, mask, output_attentions=True)
     with pytest.raises(ValueError, match="^precision: expected 'fp32' or 'bf16', got 'fp16'"):
         attn.AttentionLayer(*(w[n] for n in attn._WEIGHTS), num_heads=HEADS, precision="fp16")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_bfloat16_tensors_are_widened_and_the_result_rounded(precision):
+    """A model in torch.bfloat16: its weights and inputs widened to float32 (exactly), the
+    result rounded back; the same as the float32 layer on the widened values."""
+    if precision == "bf16" and not bf16_available():
+        pytest.skip("this build has no runnable bf16 variant (arm64: built_for)")
+    _, w, x = layer_and_input()
+    w16 = {n: a.to(torch.bfloat16) for n, a in w.items()}
+    x16 = x.to(torch.bfloat16)
+    make = lambda ws: attn.AttentionLayer(*(ws[n] for n in attn._WEIGHTS), num_heads=HEADS,  # noqa: E731
+                                          layer_norm_eps=EPS, precision=precision, allow_storage_only=True)
+    layer16, layer32 = make(w16), make({n: a.float() for n, a in w16.items()})
+    mask = torch.ones(3, 11, dtype=torch.int64)
+    mask[1, 6:] = 0
+    y = layer16(x16, mask)
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    assert torch.equal(y, layer32(x16.float(), mask).to(torch.bfloat16))
+    offsets = torch.tensor([0, 4, 11], dtype=torch.int32)
+    packed = layer16(x16[0], cu_seqlens=offsets)
+    assert packed.dtype == torch.bfloat16
+    assert torch.equal(packed, layer32(x16[0].float(), cu_seqlens=offsets).to(torch.bfloat16))
+    if precision == "fp32":
+        y, probs = layer16(x16, mask, output_attentions=True)
+        assert y.dtype == probs.dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="^hidden_states: expected dtype float32, got float16"):
+        layer16(x.half(), mask)
