@@ -60,6 +60,11 @@ function(_attn_variant variant)
             if (L_PLUGIN)
                 set(plugin_args PLUGINS ${L_PLUGIN})
             endif ()
+            # A CUDA object's lowered stmt beside it: its kernels' launches, which
+            # tools/gpu_kernels.py reads instead of running the generator again.
+            if (ATTN_ISA_${isa}_TARGET MATCHES "-cuda")
+                list(APPEND plugin_args STMT ${name}_stmt)
+            endif ()
             add_halide_library(${name} FROM ${ATTN_GENERATORS}
                                GENERATOR ${L_GENERATOR}
                                FUNCTION_NAME ${name}

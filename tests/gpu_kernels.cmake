@@ -2,12 +2,13 @@
 # needs more registers for its block than an SM has (it could not launch); no kernel of a hand-written
 # or tuned CUDA variant spills, asks for more shared memory per block than manifest.json's
 # gpu_shared_memory_per_block, or transposes a fused layer's weight on every call (ptxas -v
-# for sm_90 on the PTX of the build's objects, and the launches of the generators' lowered
-# stmt); skipped (77) without ptxas or such a variant. And the check itself fails where it
-# should: a hand-written PTX kernel that spills, a launch over the limit, a fused layer's
-# weight transpose. The first run after the CUDA objects change lowers them again (about
-# 15 s on 2 cores); later runs read the cache. A sanitizer build has no CUDA variant; a
-# cross build's generators are the host build's, which checks them.
+# for sm_90 on the PTX of the build's objects, and the launches of the lowered stmt the
+# build writes beside each); skipped (77) without ptxas or a CUDA variant. And the check
+# itself fails where it should: a hand-written PTX kernel that spills, a launch over the
+# limit, a fused layer's weight transpose, a block that cannot launch. The first run after
+# the CUDA objects change assembles them again (about 10 s on 2 cores); later runs read the
+# cache. A sanitizer build has no CUDA variant; a cross build's generators are the host
+# build's, which checks them.
 if (NOT ATTN_SANITIZE AND NOT CMAKE_CROSSCOMPILING)
     add_test(NAME gpu_kernels.check
              COMMAND ${Python3_EXECUTABLE} "${PROJECT_SOURCE_DIR}/tools/gpu_kernels.py"

@@ -23,8 +23,10 @@ benchmark itself (attn_bench --serve, `list`: the runtime's by-name calls, CallW
         # cannot launch (its block needs more registers than an SM has); exit 77 without ptxas
     python3 tools/gpu_kernels.py --ptx FILE --check [--max-registers N]   # one PTX file alone
 
-The generators' lowering is most of the time (about 22 s of CPU for manual_cuda's ten
-objects); --cache DIR keeps each object's figures, keyed by its bytes.
+The build writes each CUDA object's lowered stmt beside it (cmake/AttnVariants.cmake), which
+is read instead of running the generator again where it is as new as the object (about 10 s
+for every CUDA object of a build on 2 cores; lowering them again took a minute); --cache DIR
+keeps each object's figures, keyed by its bytes.
 """
 import argparse
 import concurrent.futures
@@ -581,8 +583,12 @@ def main():
                                                    for k, v in entry["launched"].items()}
         else:
             figures = assemble(ptxas, ptx_of(obj), args.gpu_name, cap)
-            with tempfile.TemporaryDirectory() as tmp:
-                launched = launches(lowered_stmt(generator, plugins, m.target(library["isa"]), library, tmp))
+            built = build / f"{library['name']}.stmt"  # the build writes it beside the object
+            if built.exists() and built.stat().st_mtime >= obj.stat().st_mtime:
+                launched = launches(built.read_text(errors="replace"))
+            else:
+                with tempfile.TemporaryDirectory() as tmp:
+                    launched = launches(lowered_stmt(generator, plugins, m.target(library["isa"]), library, tmp))
             if cached:
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 cached.write_text(json.dumps({"key": key, "figures": figures, "launched": launched}))
