@@ -22,8 +22,8 @@
 #   tools/gpu_machine.sh bundles [ISA] here: the GPU autotuner's candidates (tools/gpu_autotune.py
 #                                      bundle) for every function of the ISA (cuda, or the host
 #                                      CPU's avx512_skylake), compiled (and assembled), packed as
-#                                      build/gpu-tune/ISA/<function>.tar.xz (carry them beside
-#                                      the archive above)
+#                                      build/gpu-tune/ISA/<function>.tar.xz, all of them in
+#                                      build/gpu-tune.tar (carry it beside the archive above)
 #   tools/gpu_machine.sh tune [--isa ISA] FUNCTION...  there: each function's candidates checked
 #                                      and timed (tools/gpu_autotune.py measure):
 #                                      generated/results/gpu/tune/ (tune-ISA/ for a host CPU ISA);
@@ -97,6 +97,10 @@ openblas_kernels() {
 if [[ "$step" != pack && ! -d "$carry" && -f build/gpu-carry.tar.xz ]]; then
   tar -C build -xJf build/gpu-carry.tar.xz
 fi
+# There: the carried bundles, likewise (here build/gpu-tune also holds their folders).
+if [[ "$step" != bundles && ! -d build/gpu-tune && -f build/gpu-tune.tar ]]; then
+  tar -C build -xf build/gpu-tune.tar
+fi
 
 case "$step" in
 pack)
@@ -136,7 +140,10 @@ bundles)
     python3 tools/gpu_autotune.py bundle --isa "$isa" --function "$function" --max-candidates "$limit" \
       --generator build/release/attn_generators --out "build/gpu-tune/$isa/$function"
   done
-  du -ch "build/gpu-tune/$isa"/*.tar.xz | tail -1
+  # Every ISA's archives in one file to carry (a device call carries at most 8 paths; the
+  # bundles' folders beside the archives are too large to carry).
+  (cd build && tar -cf gpu-tune.tar gpu-tune/*/*.tar.xz)
+  du -h build/gpu-tune.tar
   exit
   ;;
 freeze)
@@ -153,7 +160,7 @@ freeze)
 campaign)
   total=0 n=0
   echo "The GPU campaign: each call one command of the device tool, in the repository root, carrying"
-  echo "build/gpu-carry.tar.xz and build/gpu-tune/<isa>/*.tar.xz (tools/gpu_machine.sh pack and bundles [ISA], here, first);"
+  echo "build/gpu-carry.tar.xz and build/gpu-tune.tar (tools/gpu_machine.sh pack and bundles [ISA], here, first);"
   echo "unpack \$OUT/gpu-results.tar.xz into $out here after each:"
   for entry in "${campaign[@]}"; do
     IFS='|' read -r minutes steps what <<< "$entry"
