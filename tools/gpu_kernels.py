@@ -379,6 +379,8 @@ def kernel_rows(variant, function, figures, launched):
             row["dynamic_shared_text"] = "not known (no stmt)" if launched is None else "not launched"
         else:
             row["threads"] = exact(launch["threads"])
+            # The most threads a launch may have, where the lets bound it (None: unbounded).
+            row["threads_at_most"] = None if launch["threads"][1] == INF else launch["threads"][1]
             upper = launch["dynamic_shared"][1]
             row["dynamic_shared"] = None if upper == INF else upper  # an upper bound
             row["dynamic_shared_exact"] = exact(launch["dynamic_shared"]) is not None
@@ -491,10 +493,12 @@ def check(rows, limit, fused_layer_functions=(), checked_variants=None):
     failures = []
     for k in rows:
         where = f"{k['variant']} {k['function']} {k['kernel']}"
-        o = k.get("occupancy")
-        if o and o["blocks"] == 0 and "registers" in o["limited_by"]:
-            failures.append(f"{where}: cannot launch: its block of {k['threads']} threads at {k['registers']} "
-                            f"registers each needs more than an SM's {SM_REGISTERS}")
+        # A block as large as its launch may make it (exact, or the bound the lets prove).
+        threads = k.get("threads") or k.get("threads_at_most")
+        if threads and occupancy(k["registers"], threads, None)["blocks"] == 0:
+            failures.append(f"{where}: cannot launch: its block of {'' if k.get('threads') else 'up to '}"
+                            f"{threads} threads at {k['registers']} registers each needs more than an SM's "
+                            f"{SM_REGISTERS}")
         if checked_variants is not None and k["variant"] not in checked_variants:
             continue
         if k["function"] in fused_layer_functions and WEIGHT_TRANSPOSE.match(k["kernel"]):

@@ -28,7 +28,7 @@
 #                                      and timed (tools/gpu_autotune.py measure):
 #                                      generated/results/gpu/tune/ (tune-ISA/ for a host CPU ISA);
 #                                      back here, tools/gpu_machine.sh freeze makes autotuned_<ISA>
-#   tools/gpu_machine.sh freeze        here: every measured function's winners frozen
+#   tools/gpu_machine.sh freeze [ISA]  here: the ISA's (default cuda) measured winners frozen
 #                                      (tools/gpu_autotune.py freeze) into generated/tuned/ISA/
 #   tools/gpu_machine.sh campaign      here: the device calls a session lent a GPU makes, in
 #                                      order (run them first)
@@ -44,7 +44,8 @@
 # Results go to generated/results/gpu/ (or --out DIR, given first): machine.txt, test logs,
 # and each part's comparison.{json,md}.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+self="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"  # for `call`'s steps
+cd "$(dirname "$self")/.."
 out=generated/results/gpu
 if [[ "${1:-}" == "--out" ]]; then out="$2"; shift 2; fi
 step="${1:-}"
@@ -94,12 +95,14 @@ openblas_kernels() {
 }
 
 # There: the carried archive, unpacked once.
-if [[ "$step" != pack && ! -d "$carry" && -f build/gpu-carry.tar.xz ]]; then
-  tar -C build -xJf build/gpu-carry.tar.xz
+# A warm machine keeps what an earlier call unpacked: a newer archive (pack again between
+# calls) is unpacked again; the stamp says when the last one was.
+if [[ "$step" != pack && -f build/gpu-carry.tar.xz && build/gpu-carry.tar.xz -nt build/.gpu-carry.unpacked ]]; then
+  rm -rf "$carry" && tar -C build -xJf build/gpu-carry.tar.xz && touch build/.gpu-carry.unpacked
 fi
 # There: the carried bundles, likewise (here build/gpu-tune also holds their folders).
-if [[ "$step" != bundles && ! -d build/gpu-tune && -f build/gpu-tune.tar ]]; then
-  tar -C build -xf build/gpu-tune.tar
+if [[ "$step" != bundles && -f build/gpu-tune.tar && build/gpu-tune.tar -nt build/.gpu-tune.unpacked ]]; then
+  tar -C build -xf build/gpu-tune.tar && touch build/.gpu-tune.unpacked
 fi
 
 case "$step" in
@@ -147,13 +150,15 @@ bundles)
   exit
   ;;
 freeze)
+  # One ISA's measurements (tune/ holds the CUDA ones, tune-<isa>/ a host CPU ISA's): those
+  # of an ISA frozen before are of an older bundle, which freeze refuses.
+  isa="${1:-cuda}" results="$out/tune"
+  [[ "$isa" == cuda ]] || results="$out/tune-$isa"
   source tools/setup.sh
-  # tune/ holds the CUDA measurements, tune-<isa>/ those of a host CPU ISA.
-  for results in "$out"/tune/*/measured.json "$out"/tune-*/*/measured.json; do
-    [[ -f "$results" ]] || continue
-    function=$(basename "$(dirname "$results")")
-    isa=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["bundle"]["isa"])' "$results")
-    python3 tools/gpu_autotune.py freeze --bundle "build/gpu-tune/$isa/$function" --results "$(dirname "$results")"
+  for measured in "$results"/*/measured.json; do
+    [[ -f "$measured" ]] || { echo "freeze: no measurements in $results" >&2; exit 1; }
+    function=$(basename "$(dirname "$measured")")
+    python3 tools/gpu_autotune.py freeze --bundle "build/gpu-tune/$isa/$function" --results "$(dirname "$measured")"
   done
   exit
   ;;
@@ -168,8 +173,8 @@ campaign)
     printf '  tools/gpu_machine.sh call %d   # <= %d min: %s\n      (%s)\n' "$n" "$minutes" "$steps" "$what"
   done
   echo "at most $total minutes of device time (a session has 15: calls left over open the next lent session);"
-  echo "between calls 1 and 2, here: tools/gpu_machine.sh freeze, tools/gpu_machine.sh pack; after the last,"
-  echo "tools/gpu_machine.sh freeze; then commit $out and generated/tuned/"
+  echo "between calls 1 and 2, here: tools/gpu_machine.sh freeze, tools/gpu_machine.sh pack; after call 3,"
+  echo "tools/gpu_machine.sh freeze avx512_skylake; then commit $out and generated/tuned/"
   exit
   ;;
 call)
@@ -182,10 +187,10 @@ call)
   failed=0
   for step in "${list[@]}"; do
     left=$((deadline - SECONDS))
-    if ((left < 15)); then echo "=== $step: skipped, the call's $minutes minutes are spent"; continue; fi
+    if ((left < 15)); then echo "=== $step: skipped, the call's $minutes minutes are spent"; failed=1; continue; fi
     echo "=== $step (at most $left s)"
     # shellcheck disable=SC2086  # a step is words
-    timeout "$left" "$0" --out "$out" $step > "$out/step.log" 2>&1 && status=0 || status=$?
+    timeout -k 10 "$left" "$self" --out "$out" $step > "$out/step.log" 2>&1 && status=0 || status=$?
     cat "$out/step.log" >> "$out/call-$n.log"
     tail -4 "$out/step.log"
     echo "=== $step: exit $status"
@@ -193,7 +198,7 @@ call)
   done
   rm -f "$out/step.log"
   if [[ -n "${OUT:-}" ]]; then
-    tar -C "$out" -cJf "$OUT/gpu-results.tar.xz" . && echo "results: \$OUT/gpu-results.tar.xz"
+    if tar -C "$out" -cJf "$OUT/gpu-results.tar.xz" .; then echo "results: \$OUT/gpu-results.tar.xz"; else failed=1; fi
   fi
   exit "$failed"
   ;;
@@ -240,7 +245,10 @@ tune)
   # Each function's bundle (tools/gpu_machine.sh bundles, carried), unpacked and measured.
   export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   isa=cuda results="$out/tune"
-  if [[ "${1:-}" == --isa ]]; then isa="$2" results="$out/tune-$2"; shift 2; fi
+  if [[ "${1:-}" == --isa ]]; then
+    (($# >= 2)) || { echo "usage: tools/gpu_machine.sh [--out DIR] tune [--isa ISA] FUNCTION..." >&2; exit 2; }
+    isa="$2" results="$out/tune-$2"; shift 2
+  fi
   (($#)) || { echo "usage: tools/gpu_machine.sh [--out DIR] tune [--isa ISA] FUNCTION..." >&2; exit 2; }
   for function in "$@"; do
     archive="build/gpu-tune/$isa/$function.tar.xz"
@@ -256,7 +264,7 @@ tune)
       else openblas_kernels; peers=(--peers 'onnxruntime|pytorch'); fi
     fi
     python3 tools/gpu_autotune.py measure --bundle "build/gpu-tune/there/$function" --bench "$carry/attn_bench" \
-      --out "$results/$function" "${peers[@]}"
+      --out "$results/$function" ${peers[@]+"${peers[@]}"}
   done
   ;;
 bench)

@@ -351,10 +351,10 @@ class AttentionLayer:
     def __init__(self, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, gamma, beta, *, num_heads, layer_norm_eps=1e-12,
                  causal=False, variant=None, precision="fp32", allow_storage_only=False):
         weights = dict(zip(_WEIGHTS, (w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, gamma, beta)))
-        for name, w in weights.items():
-            _check_device(name, _widened(name, w), "w_q", w_q)
         self._parameters = weights  # as given: whether they require grad is checked per call
         weights = {name: _widened(name, w) for name, w in weights.items()}
+        for name, w in weights.items():
+            _check_device(name, w, "w_q", w_q)
         if _is_torch(w_q):
             weights = {name: w.detach() for name, w in weights.items()}
         if not isinstance(num_heads, int) or isinstance(num_heads, bool):
@@ -420,6 +420,7 @@ class AttentionLayer:
             return tuple(map(rounded, out)) if isinstance(out, tuple) else rounded(out)
         x = _as_array("hidden_states", hidden_states)
         _check_no_grad([("hidden_states", x), ("bias", bias), *self._parameters.items()])
+        bias = None if bias is None else _widened("bias", bias)
         _check_device("hidden_states", x, "the weights", self.weights["w_q"])
         if bias is not None:
             _check_device("bias", _as_array("bias", bias), "hidden_states", x)

@@ -132,10 +132,11 @@ def _fused_forward(self, hidden_states, *args, **kwargs):
     return layer(hidden_states, keys, bias=bias), None
 
 
-def patch(model, variant=None, precision="fp32"):
+def patch(model, variant=None, precision="fp32", allow_storage_only=False):
     """Swaps every BERT-family self-attention block of `model` for attn's fused layer, in place,
-    computing in `precision` ("fp32", or "bf16": AttentionLayer's). A model in torch.bfloat16
-    works in either. Returns how many blocks were patched (an error if none)."""
+    computing in `precision` ("fp32", or "bf16", with allow_storage_only: AttentionLayer's). A
+    model in torch.bfloat16 works in either. Returns how many blocks were patched (an error if
+    none)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__module__}.{type(model).__name__}")
     if "OMP_WAIT_POLICY" not in os.environ and torch.get_num_threads() > 1:
@@ -150,7 +151,8 @@ def patch(model, variant=None, precision="fp32"):
     patched = 0
     for module in model.modules():
         if _is_bert_attention(module) and not hasattr(module, _LAYER):
-            setattr(module, _LAYER, AttentionLayer.from_hf(module, variant=variant, precision=precision))
+            setattr(module, _LAYER, AttentionLayer.from_hf(module, variant=variant, precision=precision,
+                                                            allow_storage_only=allow_storage_only))
             swap(module, _fused_forward)
             patched += 1
     # The layers around them: padded batches packed, so that the feed-forward skips padding too.

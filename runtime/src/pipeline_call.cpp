@@ -75,14 +75,6 @@ void prepare_halide(const VariantInfo &variant) {
 }
 
 namespace {
-// CUDA's JIT register cap for a schedule source's kernels (manifest.json: gpu_max_registers).
-int gpu_max_registers(const std::string &schedule) {
-    for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
-        if (schedule == s.name) return s.gpu_max_registers;
-    }
-    return manifest::kGpuMaxRegisters;  // a tuning candidate: the hand-written schedule's
-}
-
 // Halide 21's CUDA runtime JIT-compiles a pipeline's PTX at its first call in a CUDA context,
 // with the register cap HL_CUDA_JIT_MAX_REGISTERS holds then (64 when unset). The cap differs
 // by schedule source, so each pipeline's first call sets it, one first call at a time, and
@@ -187,10 +179,7 @@ Call::Call(const std::string &function, const VariantInfo &variant, const Proble
             (variant.runs_own_kernels(function, extents) ? "" : ", " + variant.fallback + "'s kernels") + ")"),
       variant_(variant),
       compiled_(detail::function_for(variant, function, extents)),
-      gpu_(detail::device_interface(variant.device)),
-      // The source whose kernels run: the variant's, or its fallback's (the hand-written one).
-      gpu_max_registers_(gpu_max_registers(variant.runs_own_kernels(function, extents) ? variant.schedule
-                                                                                         : "manual")) {
+      gpu_(detail::device_interface(variant.device)) {
     prepare_halide(variant);
 }
 
@@ -221,7 +210,9 @@ void check_cuda_variant(const char *name, const VariantInfo &variant) {
 }
 
 void Call::run() {
-    check_halide(variant_.device == "cuda" ? call_cuda(compiled_, arguments_, what_, gpu_max_registers_)
+    // The cap of the kernels that run (a fallback's are the hand-written schedule's).
+    const int cap = compiled_.gpu_max_registers ? compiled_.gpu_max_registers : manifest::kGpuMaxRegisters;
+    check_halide(variant_.device == "cuda" ? call_cuda(compiled_, arguments_, what_, cap)
                                            : detail::call(compiled_, arguments_, what_),
                  "halide", what_);
     for (auto &[name, buffer] : host_outputs_) {

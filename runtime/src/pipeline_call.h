@@ -157,7 +157,6 @@ private:
     const VariantInfo &variant_;
     const detail::CompiledFunction &compiled_;
     const halide_device_interface_t *gpu_;
-    int gpu_max_registers_;  // CUDA's JIT register cap for the kernels that run
     detail::Arguments arguments_;
     std::vector<std::pair<const char *, halide_buffer_t *>> host_outputs_;
 };

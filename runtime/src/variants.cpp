@@ -64,13 +64,22 @@ Entry make_entry(const std::string &schedule, const std::string &isa, detail::Fu
     return e;
 }
 
+// CUDA's JIT register cap for a schedule source's kernels (manifest.json: gpu_max_registers).
+int gpu_max_registers(const char *source) {
+    for (const manifest::ScheduleSource &s : manifest::kScheduleSources) {
+        if (std::string(source) == s.name) return s.gpu_max_registers;
+    }
+    return manifest::kGpuMaxRegisters;
+}
+
 // The compiled variants in manifest order, then any registered at run time (a deque:
 // references stay valid).
 std::deque<Entry> &entries() {
     static std::deque<Entry> table = [] {
         std::map<std::string, detail::FunctionTable> functions;  // by variant name
 #define ATTN_COMPILED(source, isa, function, max_seq, symbol) \
-    functions[#source "_" #isa][#function].push_back({max_seq, symbol##_argv, symbol##_metadata});
+    functions[#source "_" #isa][#function].push_back(                 \
+        {max_seq, symbol##_argv, symbol##_metadata, gpu_max_registers(#source)});
 #include "attn/generated/compiled_functions.inc"
 #undef ATTN_COMPILED
         std::deque<Entry> t;

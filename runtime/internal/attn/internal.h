@@ -20,6 +20,9 @@ struct CompiledFunction {
     int max_seq = 0;  // the largest max(S_q, S_k) it serves (its shape class); 0: no bound
     int (*argv)(void **) = nullptr;
     const halide_filter_metadata_t *(*metadata)() = nullptr;
+    // CUDA's JIT register cap for its kernels: its schedule source's (manifest.json:
+    // gpu_max_registers); 0: the hand-written schedule's (a tuning candidate's).
+    int gpu_max_registers = 0;
 };
 // A variant's functions by manifest name; one function per shape class, by increasing max_seq.
 using FunctionTable = std::map<std::string, std::vector<CompiledFunction>>;
