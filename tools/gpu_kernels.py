@@ -61,7 +61,7 @@ REGISTER_GRANULE = 256  # registers are allocated per warp, in units of 256
 WARP = 32
 # Sources whose CUDA kernels the check holds to no spills and the shared memory limit: the
 # schedules this project writes or tunes (the autoschedulers' are reported, not judged).
-CHECKED_KINDS = ("hand-written", "tuned")
+CHECKED_KINDS = manifest_lib.OWN_KINDS
 
 
 def find_ptxas(given):

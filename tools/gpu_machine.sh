@@ -292,7 +292,7 @@ bench)
   esac
   ;;
 *)
-  echo "usage: tools/gpu_machine.sh [--out DIR] pack|bundles|campaign|call N|machine|test|tune FUNCTION...|python|bench PART|freeze" >&2
+  echo "usage: tools/gpu_machine.sh [--out DIR] pack|bundles [ISA]|campaign|call N|machine|test|tune [--isa ISA] FUNCTION...|python|bench PART|freeze [ISA]" >&2
   exit 2
   ;;
 esac

@@ -30,6 +30,9 @@ DISPATCH = ROOT / "generated" / "dispatch.json"
 # Manifest.MinShapeDimensionsAreTheRuntimes compares them).
 MIN_SHAPE_DIMENSIONS = ["batch", "seq_q", "seq_k", "heads", "head_dim", "hidden"]
 SOURCE_KINDS = ["hand-written", "tuned", "frozen", "in-process"]
+# The kinds this project writes or tunes: their CUDA kernels are checked (tools/gpu_kernels.py)
+# and JIT-compiled at gpu_max_registers' count; the autoschedulers' at autoscheduled_count.
+OWN_KINDS = ("hand-written", "tuned")
 # The precisions of a function's GEMM operands (DESIGN.md, "Reduced precision"), as attn::Precision lists them.
 PRECISIONS = ["fp32", "bf16"]
 
@@ -207,7 +210,7 @@ class Manifest:
         hand-written and tuned kernels' `count`; the autoscheduled ones' `autoscheduled_count`."""
         caps = self.data["gpu_max_registers"]
         kind = self.sources[source]["kind"] if source in self.sources else "hand-written"
-        return caps["count"] if kind in ("hand-written", "tuned") else caps["autoscheduled_count"]
+        return caps["count"] if kind in OWN_KINDS else caps["autoscheduled_count"]
 
     def target(self, isa):
         return self.isas[isa]["halide_target"]

@@ -413,9 +413,9 @@ class AttentionLayer:
         [B, heads, S, S] (packed: each sequence's [heads, L, L], concatenated).
         """
         if _is_torch(hidden_states) and hidden_states.dtype == _torch().bfloat16:
-            _check_no_grad([("hidden_states", hidden_states), ("bias", bias)])
+            # The float32 call below checks (and widens) the rest; .float() keeps requires_grad.
             out = self.forward(hidden_states.float(), attention_mask, output_attentions, cu_seqlens=cu_seqlens,
-                               bias=None if bias is None else _widened("bias", bias))
+                               bias=bias)
             rounded = lambda t: t.to(_torch().bfloat16)  # noqa: E731
             return tuple(map(rounded, out)) if isinstance(out, tuple) else rounded(out)
         x = _as_array("hidden_states", hidden_states)
@@ -423,7 +423,7 @@ class AttentionLayer:
         bias = None if bias is None else _widened("bias", bias)
         _check_device("hidden_states", x, "the weights", self.weights["w_q"])
         if bias is not None:
-            _check_device("bias", _as_array("bias", bias), "hidden_states", x)
+            _check_device("bias", bias, "hidden_states", x)
         if cu_seqlens is not None:
             if attention_mask is not None:
                 raise ValueError("attention_mask: expected None with cu_seqlens (packed tokens have no padding)")
