@@ -67,11 +67,12 @@ class WorkerCase:
         self.worker, self.name, self.gflop = worker, case["name"], case["gflop"]
         self.impl = case["name"].split("/")[1] + suffix
         # per_sequence_<variant>: a packed problem's sequences through the dense path one at a
-        # time, what packing is measured against; neither a variant nor a peer. <variant>_bf16:
-        # the layer in bf16, compared apart from the fp32 variants (report.py).
+        # time, what packing is measured against; neither a variant nor a peer. <variant>_bf16,
+        # <variant>_int8: the layer in that precision, compared apart from the fp32 variants
+        # (report.py).
         self.kind = ("peer" if self.impl.startswith("openblas") else
                      "baseline" if self.impl.startswith("per_sequence_") else
-                     "bf16" if self.impl.endswith(report.BF16_SUFFIX) else "variant")
+                     report.precision_of(self.impl) or "variant")
 
     def prepare(self):
         return self.worker.ask("prepare", self.name)

@@ -3,7 +3,9 @@
 attn_bench's cases), on the problems attn_bench lists, with the same sequence lengths.
 
 CPU: PyTorch (eager projections + scaled_dot_product_attention + LayerNorm) and ONNX
-Runtime (its fused contrib Attention operator + output projection + LayerNorm).
+Runtime (its fused contrib Attention operator + output projection + LayerNorm); PyTorch's
+layer also in bf16 (pytorch_bf16), and both with their projections dynamically quantized
+to int8 by the library's own quantize_dynamic (pytorch_int8, onnxruntime_int8).
 
 CUDA, timed with torch.cuda.synchronize() inside the timed region as attn_bench does for
 the CUDA variants: PyTorch eager fp32 the way Hugging Face's BertSelfAttention computes
@@ -14,6 +16,10 @@ accuracy check), and a cuBLAS sgemm roofline (TF32 off) of the layer's four proj
 Each peer's output is checked against numpy_layer, the layer in float64 from DESIGN.md's
 formulas (problems with reference_checked only), before it is timed.
 """
+import pathlib
+import tempfile
+import warnings
+
 import numpy as np
 
 
@@ -87,6 +93,19 @@ def numpy_layer(p, d, eps=1e-12):
     return d["gamma"] * (dense - mean) / np.sqrt(var + eps) + d["beta"]
 
 
+# The int8 peers' check. With 8-bit activations (quantized per tensor from each call's range;
+# 2/255 a step for x in [-1, 1]) and 8-bit weights, the layer's y (LayerNorm's output, |y| up
+# to ~3) is off the float64 reference by at most, on the reference-checked problems, measured
+# (PyTorch 2.15.0, ONNX Runtime 1.31.1, make_inputs' seed): pytorch_int8 0.0036 (B=1 S=128),
+# 0.0033 (S=384), 0.0065 (B=8 padded and packed), 0.0036 (MiniLM), 0.0222 (causal);
+# onnxruntime_int8 0.0024, 0.0023, 0.0034, 0.0021, 0.0112. Causal is the worst: its first
+# queries see one to a few keys, so a context row is a quantized row of V, not an average of
+# many. 0.05 is 2.25x the worst of these, room for another library version's rounding, and
+# 2.4x below the smallest error of a wrong layer tried (the padding mask ignored at B=8 S=128:
+# 0.12; the causal mask ignored: 1.1).
+INT8_TOLERANCE = 0.05
+
+
 class Peer:
     function = "attention_layer"  # what it computes, as attn_bench names its cases' functions
     checked = True  # held to the float64 reference (expected) before it is timed
@@ -110,28 +129,50 @@ class PyTorchPeer(Peer):
     """The layer as a PyTorch user writes it: nn.Linear's F.linear, SDPA, LayerNorm. With bf16,
     the whole layer in torch.bfloat16 (weights, activations and y), as a user who casts the
     model with .to(torch.bfloat16) runs it: checked against the float64 reference at 0.05,
-    since y itself is rounded to bf16 (2^-8 of |y| <= ~4) on top of every product's input."""
+    since y itself is rounded to bf16 (2^-8 of |y| <= ~4) on top of every product's input.
+    With int8, the four projections as nn.Linear modules passed through
+    torch.ao.quantization.quantize_dynamic({nn.Linear}, qint8), as a user quantizes a model
+    for the CPU (deprecated in favour of torchao, still in PyTorch; the x86 engine, FBGEMM):
+    weights int8 per tensor, symmetric; activations uint8 per tensor from each call's range,
+    in 7 bits (reduce_range, against vpmaddubsw's saturation); SDPA, the residual and
+    LayerNorm in fp32. Checked at INT8_TOLERANCE (0.05; why, with the errors measured,
+    beside it)."""
 
-    def __init__(self, threads, bf16=False):
+    def __init__(self, threads, precision="fp32"):
         import torch
 
         torch.set_num_threads(threads)
-        self.torch, self.bf16 = torch, bf16
-        self.name = "pytorch_bf16" if bf16 else "pytorch"
-        self.tolerance = 0.05 if bf16 else Peer.tolerance
+        self.torch, self.precision = torch, precision
+        self.name = "pytorch" + ("" if precision == "fp32" else "_" + precision)
+        self.tolerance = {"fp32": Peer.tolerance, "bf16": 0.05, "int8": INT8_TOLERANCE}[precision]
         self.version = torch.__version__
 
     @staticmethod
     def output(y):
         return y.float().numpy()
 
+    def projections(self, t, hid):
+        """{"q", "k", "v", "o"}: x -> x W^T + b."""
+        torch, F = self.torch, self.torch.nn.functional
+        if self.precision != "int8":
+            return {n: lambda x, w=t["w_" + n], b=t["b_" + n]: F.linear(x, w, b) for n in "qkvo"}
+        linears = torch.nn.ModuleDict({n: torch.nn.Linear(hid, hid) for n in "qkvo"})
+        with torch.no_grad():
+            for n, linear in linears.items():
+                linear.weight.copy_(t["w_" + n])
+                linear.bias.copy_(t["b_" + n])
+        with warnings.catch_warnings():  # its deprecation notices
+            warnings.simplefilter("ignore")
+            return dict(torch.ao.quantization.quantize_dynamic(linears, {torch.nn.Linear}, dtype=torch.qint8).items())
+
     def prepare(self, p, d):
         torch, F = self.torch, self.torch.nn.functional
-        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float32
         t = {k: torch.from_numpy(v) for k, v in d.items()}
         t = {k: v.to(dtype) if v.dtype == torch.float32 else v for k, v in t.items()}
         bsz, sq, hid = d["x"].shape
         heads, hd = p["heads"], hid // p["heads"]
+        linear = self.projections(t, hid)
         padded = not d["mask"].all()
         attn_mask = None
         is_causal = False
@@ -144,13 +185,13 @@ class PyTorchPeer(Peer):
             with torch.inference_mode():
                 x = t["x"]
 
-                def heads_of(w, b):
-                    return F.linear(x, t[w], t[b]).view(bsz, -1, heads, hd).transpose(1, 2)
+                def heads_of(n):
+                    return linear[n](x).view(bsz, -1, heads, hd).transpose(1, 2)
 
-                q, k, v = heads_of("w_q", "b_q"), heads_of("w_k", "b_k"), heads_of("w_v", "b_v")
+                q, k, v = heads_of("q"), heads_of("k"), heads_of("v")
                 ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
                 ctx = ctx.transpose(1, 2).reshape(bsz, sq, hid)
-                return F.layer_norm(x + F.linear(ctx, t["w_o"], t["b_o"]), (hid,), t["gamma"], t["beta"], 1e-12)
+                return F.layer_norm(x + linear["o"](ctx), (hid,), t["gamma"], t["beta"], 1e-12)
 
         return run
 
@@ -165,7 +206,8 @@ class OnnxRuntimePeer(Peer):
         self.threads = threads
         self.version = ort.__version__
 
-    def prepare(self, p, d):
+    def model(self, p, d):
+        """The layer's ONNX graph (a ModelProto), its weights as initializers."""
         from onnx import TensorProto, helper, numpy_helper
 
         hid = p["hidden"]
@@ -192,17 +234,50 @@ class OnnxRuntimePeer(Peer):
             nodes, "bert_self_attention",
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
              helper.make_tensor_value_info("mask", TensorProto.INT32, [p["batch"], p["s_k"]])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits,
+            # The contrib operator's output type, which onnx's shape inference cannot give
+            # (onnxruntime.quantization needs it to quantize the MatMul that reads it).
+            value_info=[helper.make_tensor_value_info("ctx", TensorProto.FLOAT, shape)])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                         helper.make_opsetid("com.microsoft", 1)])
         model.ir_version = 10  # onnx writes a newer IR than this onnxruntime reads
+        return model
+
+    def prepare(self, p, d):
         options = self.ort.SessionOptions()
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
         options.graph_optimization_level = self.ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session = self.ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = self.ort.InferenceSession(self.model(p, d).SerializeToString(), options,
+                                            providers=["CPUExecutionProvider"])
         feeds = {"x": d["x"], "mask": d["mask"].astype(np.int32)}
         return lambda: session.run(["y"], feeds)[0]
+
+
+class OnnxRuntimeInt8Peer(OnnxRuntimePeer):
+    """OnnxRuntimePeer's graph through onnxruntime.quantization.quantize_dynamic, as an ONNX
+    Runtime user quantizes a transformer for the CPU, run with the same session options: the
+    Attention node becomes QAttention and the output projection's MatMul becomes
+    DynamicQuantizeLinear + MatMulInteger, activations uint8 from each call's range (per
+    tensor), the softmax, residual and LayerNorm in fp32. Weights QInt8, symmetric in [-127,
+    127] per tensor (per_channel and reduce_range off: the quantizer's defaults): U8S8
+    products, ONNX Runtime's default and what it recommends on x86-64. With AVX-512 VNNI
+    (vpdpbusd, as on this Zen 4) U8S8 cannot overflow; without VNNI its vpmaddubsw can
+    saturate a pair's 16-bit sum, which ONNX Runtime's documentation answers with reduce_range
+    or QUInt8 (U8U8) only where accuracy drops. Checked at INT8_TOLERANCE (0.05; why,
+    with the errors measured, beside it)."""
+
+    name = "onnxruntime_int8"
+    tolerance = INT8_TOLERANCE
+
+    def model(self, p, d):
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        with tempfile.TemporaryDirectory() as folder:  # quantize_dynamic writes its model to a file
+            int8 = pathlib.Path(folder, "int8.onnx")
+            quantize_dynamic(super().model(p, d), int8, weight_type=QuantType.QInt8)
+            return onnx.load(int8)
 
 
 class PyTorchCudaPeer(Peer):
@@ -329,8 +404,8 @@ class SdpaCorePeer(Peer):
 
 
 def cpu_peers(threads):
-    return [lambda: PyTorchPeer(threads), lambda: PyTorchPeer(threads, bf16=True), lambda: OnnxRuntimePeer(threads),
-            lambda: SdpaCorePeer("cpu", threads)]
+    return [lambda precision=precision: PyTorchPeer(threads, precision) for precision in ("fp32", "bf16", "int8")] + \
+        [lambda: OnnxRuntimePeer(threads), lambda: OnnxRuntimeInt8Peer(threads), lambda: SdpaCorePeer("cpu", threads)]
 
 
 def cuda_peers():

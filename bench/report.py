@@ -25,10 +25,13 @@ import manifest  # noqa: E402
 ROOFLINES = ("openblas_roofline", "cublas_roofline")
 # Peers held to float32 accuracy; pytorch_sdpa_bf16 is shown beside them, not ranked.
 FP32_PEERS = ("openblas_unfused", "onnxruntime", "pytorch", "pytorch_eager", "pytorch_sdpa")
-# The layer in bf16: our variants' (<variant>_bf16, as attn_bench names them; kind "bf16") and
-# the peers' in bf16, compared in a section of their own.
-BF16_SUFFIX = "_bf16"
-BF16_PEERS = ("pytorch_bf16",)
+# The layer in a reduced precision: our variants' (<variant>_<precision>, as attn_bench names
+# them; kind <precision>) and the peers' in that precision, each precision compared in a
+# section of its own, with what our variants compute there, never ranked with fp32.
+PRECISIONS = {"bf16": ("bf16 weights and projection inputs, f32 sums (attn::Precision::bf16)", ("pytorch_bf16",)),
+              "int8": ("int8 weights per output channel, u8 projection inputs per token, i32 sums "
+                       "(attn::Precision::int8)", ("pytorch_int8", "onnxruntime_int8"))}
+REDUCED_PEERS = tuple(peer for _, peers in PRECISIONS.values() for peer in peers)
 _MANIFEST = manifest.load()
 AUTOSCHEDULERS = tuple(_MANIFEST.autoschedulers())
 STAGES = tuple(_MANIFEST.stage_functions())  # each stage's function
@@ -240,30 +243,35 @@ def scaling_section(doc, groups):
             "|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
-def bf16_section(doc, groups):
-    """The layer in bf16 against the fastest fp32 variant and the peers, per problem."""
+def precision_of(impl):
+    """The reduced precision of one of our variants' cases (<variant>_<precision>), or None."""
+    return next((precision for precision in PRECISIONS if impl.endswith("_" + precision)), None)
+
+
+def precision_section(doc, groups, precision):
+    """The layer in a reduced precision against the fastest fp32 variant and the peers, per problem."""
+    what, peers = PRECISIONS[precision]
     rows = []
     for p in doc["problems"]:
         group = groups.get((LAYER, p["name"]))
         if not group:
             continue
-        impl, ms = best(group, ("bf16",))
+        impl, ms = best(group, (precision,))
         fp32, fp32_ms = best_variant(group)
         if impl is None or fp32 is None:
             continue
-        peer, peer_ms = best(group, ("peer",), BF16_PEERS)
-        fp32_peer, fp32_peer_ms = best_peer(group)
-        rows.append(f"| {p['name']} | {impl} | {ms:.2f} | {fp32} | {fp32_ms:.2f} | {ratio(group, fp32, impl)} | "
-                    f"{peer or '-'} | {fmt(peer_ms)} | {ratio(group, peer, impl) if peer else '-'} | "
+        times = timed(group)
+        fp32_peer, _ = best_peer(group)
+        rows.append(f"| {p['name']} | {impl} | {ms:.2f} | {fp32} | {fp32_ms:.2f} | {ratio(group, fp32, impl)} | " +
+                    "".join(f"{fmt(times.get(peer))} | {ratio(group, peer, impl) or '-'} | " for peer in peers) +
                     f"{fp32_peer or '-'} | {ratio(group, fp32_peer, impl) if fp32_peer else '-'} |")
     if not rows:
         return []
-    return ["## The layer in bf16 (paired)", "",
-            "bf16 weights and projection inputs, f32 sums (attn::Precision::bf16); \"vs\" is the other's time / the "
-            "bf16 variant's, per round (> 1: bf16 is faster).", "",
-            "| problem | bf16 variant | ms | fastest fp32 variant | ms | vs fastest fp32 | bf16 peer | ms | "
-            "vs bf16 peer | best fp32 peer | vs best fp32 peer |", "|---|---|---|---|---|---|---|---|---|---|---|",
-            *rows, ""]
+    return [f"## The layer in {precision} (paired)", "",
+            f"{what}; \"vs\" is the other's time / the {precision} variant's, per round (> 1: {precision} is faster).",
+            "", f"| problem | {precision} variant | ms | fastest fp32 variant | ms | vs fastest fp32 | " +
+            "".join(f"{peer} ms | vs {peer} | " for peer in peers) + "best fp32 peer | vs best fp32 peer |",
+            "|" + "---|" * (8 + 2 * len(peers)), *rows, ""]
 
 
 def default_pick(doc, groups):
@@ -322,7 +330,8 @@ def markdown(doc):
         for p in doc["problems"]:
             if (function, p["name"]) in groups:
                 out += detail_table(p, groups[(function, p["name"])])
-    out += bf16_section(doc, groups)
+    for precision in PRECISIONS:
+        out += precision_section(doc, groups, precision)
     out += default_pick_section(doc, groups)
     out += autotuned_section(doc, groups)
     out += scaling_section(doc, groups)
@@ -352,7 +361,7 @@ def chart(doc, path):
             group = groups[name]
             roof = roofline(group)
             members = {i: t for i, t in timed(group).items() if (i == family or i.startswith(family + "_"))
-                       and group[i]["kind"] != "bf16" and i not in BF16_PEERS}
+                       and group[i]["kind"] not in PRECISIONS and i not in REDUCED_PEERS}
             r = ratio(group, min(members, key=members.get), roof) if members and roof else None
             values.append(r.median if r else 0)
             errors[0].append(r.median - r.lo if r else 0)

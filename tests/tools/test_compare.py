@@ -9,6 +9,7 @@ import sys
 
 root = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(root / "bench"))
+import peers as peer_lib  # noqa: E402
 import report  # noqa: E402
 
 
@@ -32,6 +33,22 @@ picks = report.default_pick({"context": {"selected_variant": "autotuned_avx2"}},
     ("attention_layer", "fast"): {"autotuned_avx2": variant([1.0] * 5), "manual_avx2": variant([1.2] * 5)}})
 check([(p, fastest, round(r.median, 2), r.lo > 1) for _, p, fastest, r in picks] ==
       [("slow", "manual_avx2", 2.0, True), ("fast", "autotuned_avx2", 1.0, False)], f"default pick: {picks}")
+# A reduced precision's cases and peers are compared in its own table, never ranked with fp32:
+# the int8 peers, though faster here, are not the best fp32 peer, and our int8 case no variant.
+check([report.precision_of(i) for i in ("manual_avx2", "manual_avx2_bf16", "manual_avx512_zen4_int8")] ==
+      [None, "bf16", "int8"], "precision of a case's name")
+peer = lambda ms: {"kind": "peer", "ms": ms}  # noqa: E731
+group = {"manual_avx2": variant([2.0] * 5), "manual_avx2_int8": {"kind": "int8", "ms": [1.0] * 5},
+         "pytorch": peer([3.0] * 5), "pytorch_int8": peer([0.5] * 5), "onnxruntime_int8": peer([1.5] * 5)}
+check(report.best_peer(group)[0] == "pytorch" and report.best_variant(group)[0] == "manual_avx2", "fp32 ranking")
+one = ({"problems": [{"name": "b1", "model": "m"}]}, {("attention_layer", "b1"): group})
+table = report.precision_section(*one, "int8")
+check(table[4].startswith("| problem | int8 variant | ms | fastest fp32 variant | ms | vs fastest fp32 | pytorch_int8 "
+                          "ms | vs pytorch_int8 | onnxruntime_int8 ms | vs onnxruntime_int8 | best fp32 peer |")
+      and table[6] == "| b1 | manual_avx2_int8 | 1.00 | manual_avx2 | 2.00 | 2.00 [2.00, 2.00] | 0.50 | "
+                      "0.50 [0.50, 0.50] | 1.50 | 1.50 [1.50, 1.50] | pytorch | 3.00 [3.00, 3.00] |"
+      and len({line.count("|") for line in table[4:7]}) == 1, f"the int8 table: {table}")
+check(report.precision_section(*one, "bf16") == [], "no bf16 table without a bf16 case")
 
 bench, work = sys.argv[1], pathlib.Path(sys.argv[2])
 rounds = 5
@@ -77,4 +94,21 @@ impls = scaling["groups"][0]["impls"]
 check(sorted(impls) == ["manual_sse41@1t", "manual_sse41@2t"], f"one case per thread count: {sorted(impls)}")
 check(all(len(r["ms"]) == rounds for r in impls.values()), "every count timed in every round")
 check("Strong scaling" in (work / "scaling" / "comparison.md").read_text(), "the report shows the scaling")
-print("compare: interleaved rounds complete, paired and rotating; statistics right; scaling across thread counts")
+
+# The fp32 and int8 peers of the same layer, where this Python has PyTorch and ONNX Runtime
+# (.venv-peers): each checked against the float64 reference before it is timed, the int8 ones
+# within INT8_TOLERANCE and further off than fp32's tolerance (their projections are quantized).
+names = ("pytorch", "pytorch_int8", "onnxruntime", "onnxruntime_int8")
+subprocess.run([sys.executable, str(root / "bench/compare.py"), "--bench", bench, "--out", str(work / "peers"),
+                "--rounds", str(rounds), "--min-time", "0.005", "--pause", "0", "--threads", "2",
+                "--filter", f"attention_layer/({'|'.join(names)})/b1_s128_h384_n12$", "--no-chart"], check=True)
+impls = json.loads((work / "peers" / "comparison.json").read_text())["groups"]
+impls = impls[0]["impls"] if impls else {}
+print(f"compare: peers present here: {sorted(impls) or 'none (no PyTorch, no ONNX Runtime)'}")
+for name, r in impls.items():
+    fp32 = peer_lib.Peer.tolerance
+    low, high = (fp32, peer_lib.INT8_TOLERANCE) if name.endswith("_int8") else (0, fp32)
+    check("error" not in r and len(r["ms"]) == rounds and low < r.get("max_error", -1) < high,
+          f"{name}: checked ({low} < max error < {high}) and timed: {r}")
+print("compare: interleaved rounds complete, paired and rotating; statistics right; scaling across thread counts; "
+      "reduced-precision peers checked and apart")
