@@ -35,8 +35,31 @@ Func rounded_to_bf16(const std::string &name, Func in) {
     return rounded;
 }
 
+QuantizedRows quantized_to_u8(const std::string &name, Func in, Expr features) {
+    const Var &k = dims.hidden, &s = dims.seq, &b = dims.batch;
+    QuantizedRows q;
+    q.feature = RDom(0, features, name + "_feature");
+    q.low = Func{name + "_low"};
+    q.low(s, b) = 0.0f;
+    q.low(s, b) = min(q.low(s, b), in(q.feature, s, b));
+    q.high = Func{name + "_high"};
+    q.high(s, b) = 0.0f;
+    q.high(s, b) = max(q.high(s, b), in(q.feature, s, b));
+    Expr range = q.high(s, b) - q.low(s, b);
+    q.inverse_step = Func{name + "_inverse_step"};
+    q.inverse_step(s, b) = select(range > 0.0f, 255.0f / range, 1.0f);
+    q.step = Func{name + "_step"};
+    q.step(s, b) = select(range > 0.0f, range / 255.0f, 1.0f);
+    q.zero = Func{name + "_zero"};
+    q.zero(s, b) = clamp(cast<int>(round(-q.low(s, b) * q.inverse_step(s, b))), 0, 255);
+    q.values = Func{name};
+    q.values(k, s, b) =
+        cast<uint8_t>(clamp(cast<int>(round(in(last(k, features), s, b) * q.inverse_step(s, b))) + q.zero(s, b), 0, 255));
+    return q;
+}
+
 Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr features, Expr tokens, Func rows,
-              WeightLayout layout, Precision precision) {
+              WeightLayout layout, Precision precision, const Int8Operands &int8) {
     const Var &out = dims.hidden, &s = dims.seq, &b = dims.batch;
     Linear l;
     l.input = in;
@@ -44,12 +67,31 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
     l.weight_layout = layout;
     l.precision = precision;
     l.product = Func{name + "_product"};
-    l.product(out, s, b) = 0.0f;
+    Expr result;  // out − bias
     if (precision == Precision::fp32) {
+        l.product(out, s, b) = 0.0f;
         define_weight_transposed(l.weight_transposed, weight, layout, features);
         l.k = RDom(0, features, name + "_k");
         l.product(out, s, b) += in(l.k, last(s, tokens), b) * l.weight_transposed(out, l.k);
+    } else if (precision == Precision::int8) {
+        // Quads of input features; the last quad is completed by zero weights.
+        l.product(out, s, b) = 0;
+        Var quad{"quad"}, in_quad{"in_quad"};
+        Expr in_feature = 4 * in_quad + quad;
+        l.weight_transposed(quad, out, in_quad) =
+            select(in_feature < features, weight_at(weight, layout, out, last(in_feature, features), features),
+                   cast<int8_t>(0));
+        l.k = RDom({{0, 4}, {0, (features + 3) / 4}}, name + "_k");
+        // Not clamped (QuantizedRows::values is defined past the row), so that a quad is one
+        // 4-byte load, broadcast to every lane.
+        l.product(out, s, b) += cast<int32_t>(in(4 * l.k.y + l.k.x, last(s, tokens), b)) *
+                                cast<int32_t>(l.weight_transposed(l.k.x, out, l.k.y));
+        const QuantizedRows &r = int8.rows;
+        Expr o = last(out, features), row = last(s, tokens);
+        result = r.step(row, b) * int8.weight.scale(o) *
+                 cast<float>(l.product(out, s, b) - r.zero(row, b) * int8.weight.sum(o));
     } else {
+        l.product(out, s, b) = 0.0f;
         // Pairs of input features; an odd count's last pair is completed by a zero weight.
         Var pair{"pair"}, in_pair{"in_pair"};
         Expr in_feature = 2 * in_pair + pair;
@@ -61,15 +103,16 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
         l.product(out, s, b) +=
             cast<float>(in(k, last(s, tokens), b)) * cast<float>(l.weight_transposed(l.k.x, out, l.k.y));
     }
+    if (!result.defined()) result = l.product(out, s, b);
     l.out = Func{name};
     if (!rows.defined()) {
-        l.out(out, s, b) = l.product(out, s, b) + bias(out);
+        l.out(out, s, b) = result + bias(out);
         return l;
     }
     l.row = RDom(0, tokens, name + "_row");
     l.row.where(l.row < rows(b));
     l.out(out, s, b) = undef<float>();
-    l.out(out, l.row, b) = l.product(out, l.row, b) + bias(out);
+    l.out(out, l.row, b) = substitute(s, l.row.x, result) + bias(out);
     return l;
 }
 
@@ -131,7 +174,7 @@ WeightedSum weighted_sum(Func probs, Func v_heads, Expr head_dim, Expr s_q, Expr
 
 OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b_o, Func gamma, Func beta, Expr eps,
                                  Expr head_dim, Expr heads, Expr hidden, Expr tokens, WeightLayout layout,
-                                 Precision precision) {
+                                 Precision precision, WeightScales w_o_scales) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     OutputLayerNorm n;
     n.context_heads = ctx_heads;
@@ -153,11 +196,18 @@ OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b
         const Var &feature = dims.hidden;
         Expr head = clamp(cast<int>(floor((cast<float>(feature) + 0.5f) / cast<float>(head_dim))), 0, heads - 1);
         // (Both clamped, which changes nothing, so that Halide bounds the reads of ctx.)
-        n.context_rounded(feature, s, b) =
-            cast(BFloat(16), ctx_heads(clamp(feature - head * head_dim, 0, head_dim - 1), head, s, b));
+        Expr context = ctx_heads(clamp(feature - head * head_dim, 0, head_dim - 1), head, s, b);
         Func no_bias{"no_bias"};
         no_bias(o) = 0.0f;
-        n.rounded = linear("projection", n.context_rounded, w_o, no_bias, hidden, tokens, Func(), layout, precision);
+        if (precision == Precision::bf16) {
+            n.context_rounded(feature, s, b) = cast(BFloat(16), context);
+            n.rounded = linear("projection", n.context_rounded, w_o, no_bias, hidden, tokens, Func(), layout, precision);
+        } else {
+            n.context_rounded(feature, s, b) = context;
+            n.context_quantized = quantized_to_u8("context_quantized", n.context_rounded, hidden);
+            n.rounded = linear("projection", n.context_quantized.values, w_o, no_bias, hidden, tokens, Func(), layout,
+                               precision, {n.context_quantized, w_o_scales});
+        }
         n.weight_transposed = n.rounded.weight_transposed;
         n.projection = n.rounded.out;
     }
@@ -322,19 +372,39 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     AttentionLayer l;
     // What the projections read: the activations themselves, or rounded to bf16 once.
     Func x = in.x, kv = in.kv;
+    const bool self_attention = in.kv.name() == in.x.name();
     if (in.precision == Precision::bf16) {
         l.x_rounded = x = rounded_to_bf16("x_rounded", in.x);
-        l.kv_rounded = kv = in.kv.name() == in.x.name() ? l.x_rounded : rounded_to_bf16("kv_rounded", in.kv);
+        l.kv_rounded = kv = self_attention ? l.x_rounded : rounded_to_bf16("kv_rounded", in.kv);
     }
-    l.q = linear("q", x, in.w_q, in.b_q, in.hidden, q_rows, Func(), in.weight_layout, in.precision);
+    // int8: each projection's weight scales from weight_scales, and the rows quantized once.
+    auto scales_of = [&](int projection) {
+        const Var &o = dims.hidden;
+        WeightScales w{Func{"weight_scale_" + std::to_string(projection)}, Func{"weight_sum_" + std::to_string(projection)}};
+        w.scale(o) = in.weight_scales(last(o, in.hidden), 0, projection);
+        w.sum(o) = cast<int32_t>(in.weight_scales(last(o, in.hidden), 1, projection));
+        return w;
+    };
+    Int8Operands q_int8, kv_int8;
+    if (in.precision == Precision::int8) {
+        l.x_quantized = quantized_to_u8("x_quantized", in.x, in.hidden);
+        l.kv_quantized = self_attention ? l.x_quantized : quantized_to_u8("kv_quantized", in.kv, in.hidden);
+        l.x_rounded = x = l.x_quantized.values;
+        l.kv_rounded = kv = l.kv_quantized.values;
+        q_int8 = {l.x_quantized, scales_of(0)};
+        kv_int8.rows = l.kv_quantized;
+    }
+    l.q = linear("q", x, in.w_q, in.b_q, in.hidden, q_rows, Func(), in.weight_layout, in.precision, q_int8);
     Func kv_rows{"kv_rows"};  // the flash core reads K and V up to the chunk holding each batch's last real key
     if (!in.output_probs && !packed) {
         l.key_end = last_real_key(in.key_padding_mask, in.s_k);
         const int C = in.blocking.key_chunk;
         kv_rows(dims.batch) = min((l.key_end(dims.batch) + C - 1) / C * C, in.s_k);
     }
-    l.k = linear("k", kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision);
-    l.v = linear("v", kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision);
+    if (in.precision == Precision::int8) kv_int8.weight = scales_of(1);
+    l.k = linear("k", kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8);
+    if (in.precision == Precision::int8) kv_int8.weight = scales_of(2);
+    l.v = linear("v", kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8);
     l.q_heads = split_heads("q_heads", l.q.out, head_dim);
     l.k_heads = split_heads("k_heads", l.k.out, head_dim);
     l.v_heads = split_heads("v_heads", l.v.out, head_dim);
@@ -368,7 +438,8 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         ctx = l.packed.ctx;
     }
     l.output = output_layernorm(ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps, head_dim, in.heads, in.hidden,
-                                q_rows, in.weight_layout, in.precision);
+                                q_rows, in.weight_layout, in.precision,
+                                in.precision == Precision::int8 ? scales_of(3) : WeightScales());
     return l;
 }
 

@@ -45,31 +45,66 @@ enum class WeightLayout { linear, transposed };
 // where the weights arrive rounded to bf16 (once, by their caller), the activations are
 // rounded to bf16 (round to nearest even) as they enter, and the products, exact in f32,
 // are summed in f32 a pair of input features at a time: the unit of AVX512_BF16's
-// vdpbf16ps, which Halide emits for a vectorized sum over such a pair. The attention core,
-// the softmax, the residual and LayerNorm stay f32.
-enum class Precision { fp32, bf16 };
+// vdpbf16ps, which Halide emits for a vectorized sum over such a pair. int8: the weights
+// arrive quantized once by their caller (int8, symmetric, one scale per output feature, with
+// each output's sum of quantized weights), the activations are quantized per token row as
+// they enter (u8, asymmetric: QuantizedRows), and the products are summed in i32 four input
+// features at a time: the unit of AVX512_VNNI's vpdpbusd (u8 × i8). The attention core, the
+// softmax, the residual and LayerNorm stay f32.
+enum class Precision { fp32, bf16, int8 };
+
+// Rows of activations quantized to u8 per token row (DESIGN.md, "Reduced precision"): the
+// row's range [low, high] = [min(0, min x), max(0, max x)] in 255 steps of `step`, zero at
+// `zero`; value = clamp(round(x · inverse_step) + zero, 0, 255), round to nearest even, so
+// x ≈ step · (value − zero). A row of zeros has step 1. All in f32, in this order, so that
+// the reference (attn::reference::quantize_rows_u8) finds the same values.
+struct QuantizedRows {
+    Halide::Func low, high;    // (seq, batch)
+    Halide::Func inverse_step; // (seq, batch): 255 / (high − low), or 1
+    Halide::Func step;         // (seq, batch): (high − low) / 255, or 1
+    Halide::Func zero;         // (seq, batch) int32: round(−low · inverse_step)
+    Halide::Func values;       // (feature, seq, batch) uint8; past the row, its last feature's
+    Halide::RDom feature;      // over the row, for low and high
+};
+QuantizedRows quantized_to_u8(const std::string &name, Halide::Func in, Halide::Expr features);
+
+// An int8 projection's dequantization: per output feature, the weight's scale and the sum of
+// its quantized weights over the input features (which the row's zero point multiplies).
+struct WeightScales {
+    Halide::Func scale;  // (out) f32
+    Halide::Func sum;    // (out) int32
+};
 
 // y = x · Wᵀ + b with nn.Linear's weight [out, in]: out(o, s, b) = bias(o) + Σ_k in(k, s, b) · weight(k, o).
 // Square weights (H × H), `tokens` rows of `in` per batch. Given `rows` (rows(b): how many
 // leading rows of batch b are used), only those are computed: `out` is then undefined
 // past them and computed by an update over `row`, whose loop stops there. In bf16, `in`
-// and `weight` are bf16 (the caller rounds the activations: rounded_to_bf16).
+// and `weight` are bf16 (the caller rounds the activations: rounded_to_bf16). In int8,
+// `in` is the caller's QuantizedRows' values (read up to the next multiple of 4 features),
+// `weight` int8, and out = step · scale ·
+// (product − zero · sum) + bias, the integer part exact.
 struct Linear {
     Halide::Func input;  // (in, seq, batch): what is projected
     // fp32: (out, in), which lets a schedule vectorize over output features. bf16:
     // (pair, out, in_pair), W[out, 2·in_pair + pair], zero past the input features, so that
-    // a schedule vectorizes over (pair, out) for vdpbf16ps.
+    // a schedule vectorizes over (pair, out) for vdpbf16ps; int8 likewise in quads,
+    // (quad, out, in_quad), for vpdpbusd.
     Halide::Func weight_transposed;
     WeightLayout weight_layout;  // transposed: weight_transposed only reads the weight
     Precision precision;
-    Halide::Func product;  // (out, seq, batch): Σ_k in · Wᵀ, the GEMM
-    Halide::Func out;      // (out, seq, batch): product + bias
-    Halide::RDom k;        // fp32: (k); bf16: (pair, in_pair), the feature 2·in_pair + pair
+    Halide::Func product;  // (out, seq, batch): Σ_k in · Wᵀ, the GEMM (int8: in i32)
+    Halide::Func out;      // (out, seq, batch): product + bias (int8: dequantized first)
+    Halide::RDom k;        // fp32: (k); bf16: (pair, in_pair), the feature 2·in_pair + pair; int8: (quad, in_quad)
     Halide::RDom row;      // the rows computed, when only some are; else undefined
+};
+// int8 only: the rows' quantization and the weight's scales.
+struct Int8Operands {
+    QuantizedRows rows;
+    WeightScales weight;
 };
 Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Halide::Func bias, Halide::Expr features,
               Halide::Expr tokens, Halide::Func rows = Halide::Func(), WeightLayout layout = WeightLayout::linear,
-              Precision precision = Precision::fp32);
+              Precision precision = Precision::fp32, const Int8Operands &int8 = Int8Operands());
 
 // in rounded to bf16 (to nearest even), as the bf16 GEMMs take their activations:
 // (feature, seq, batch) of a (feature, seq, batch) Func.
@@ -120,8 +155,10 @@ struct OutputLayerNorm {
     Halide::Func weight_transposed;  // W_o as (out, in); bf16: as Linear's
     WeightLayout weight_layout;      // transposed: weight_transposed only reads W_o
     // bf16: the context rounded to bf16, by feature (hidden, seq, batch), and the GEMM as a
-    // Linear over it (bias zero), whose product is `projection`; undefined in fp32.
+    // Linear over it (bias zero), whose product is `projection`; undefined in fp32. int8:
+    // context_rounded is the context by feature in f32, quantized as `context_quantized`.
     Halide::Func context_rounded;
+    QuantizedRows context_quantized;
     Linear rounded;
     Halide::Func projection;         // (hidden, seq, batch): ctx · W_oᵀ, the GEMM
     Halide::Func dense;              // (hidden, seq, batch): residual + projection + bias
@@ -135,7 +172,8 @@ struct OutputLayerNorm {
 OutputLayerNorm output_layernorm(Halide::Func ctx_heads, Halide::Func residual, Halide::Func w_o, Halide::Func b_o,
                                  Halide::Func gamma, Halide::Func beta, Halide::Expr eps, Halide::Expr head_dim,
                                  Halide::Expr heads, Halide::Expr hidden, Halide::Expr tokens,
-                                 WeightLayout layout = WeightLayout::linear, Precision precision = Precision::fp32);
+                                 WeightLayout layout = WeightLayout::linear, Precision precision = Precision::fp32,
+                                 WeightScales w_o_scales = WeightScales());
 
 // The block sizes of the flash core (generator parameters query_block, key_block and
 // key_chunk). They belong to the algorithm: the online softmax folds in one key block at a
@@ -213,6 +251,7 @@ PackedSequences packed_sequences(Halide::Func offsets, Halide::Expr sequences, H
 // The whole layer, with every intermediate Func named so schedules can reach it.
 struct AttentionLayer {
     Halide::Func x_rounded, kv_rounded;  // bf16: what the projections read (kv_rounded == x_rounded for self-attention)
+    QuantizedRows x_quantized, kv_quantized;  // int8: likewise (their values are x_rounded and kv_rounded)
     Linear q, k, v;
     Halide::Func q_heads, k_heads, v_heads;
     // With the probabilities as an output, the exact stages (scores, softmax, weighted
@@ -231,6 +270,9 @@ struct LayerInputs {
     Halide::Func w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
     WeightLayout weight_layout = WeightLayout::linear;  // of w_q, w_k, w_v and w_o
     Precision precision = Precision::fp32;              // of the projections; bf16: the four weights are bf16
+    // int8: the four weights are int8, and weight_scales (out, quantity, projection) holds, for
+    // the projections q, k, v, o (0-3), each output's scale (quantity 0) and quantized sum (1).
+    Halide::Func weight_scales;
     Halide::Func key_padding_mask;  // (key, batch)
     Halide::Func bias;              // (key, query, head, batch)
     Halide::Expr causal, heads, eps, hidden, s_q, s_k;

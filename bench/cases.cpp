@@ -312,19 +312,24 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
                 add(kLayerFunction, v->name, lp, [v, &lp] { return function_case("attention_layer_packed", *v, lp); });
                 add(kLayerFunction, "per_sequence_" + v->name, lp, [v, &lp] { return per_sequence_layer(*v, lp); });
             }
-            for (const VariantInfo *v : bf16_variants()) {
-                add(kLayerFunction, v->name + kBf16Suffix, lp,
-                    [v, &lp] { return function_case(detail::kBf16PackedLayer, *v, lp); });
+            for (const ReducedPrecision &p : kReducedPrecisions) {
+                for (const VariantInfo *v : precision_variants(p.precision)) {
+                    add(kLayerFunction, v->name + "_" + p.name, lp,
+                        [v, &lp, &p] { return function_case(p.packed_layer, *v, lp); });
+                }
             }
             continue;
         }
         for (const VariantInfo *v : timed) {
             add(kLayerFunction, v->name, lp, [v, &lp] { return function_case(kLayerFunction, *v, lp); });
         }
-        // The layer in bf16 (attn::Precision), beside the fp32 variants and peers: <variant>_bf16.
-        for (const VariantInfo *v : bf16_variants()) {
-            if (v->schedule == "candidate") continue;
-            add(kLayerFunction, v->name + kBf16Suffix, lp, [v, &lp] { return function_case(detail::kBf16Layer, *v, lp); });
+        // The layer in bf16 and int8 (attn::Precision), beside the fp32 variants and peers:
+        // <variant>_bf16, <variant>_int8.
+        for (const ReducedPrecision &p : kReducedPrecisions) {
+            for (const VariantInfo *v : precision_variants(p.precision)) {
+                if (v->schedule == "candidate") continue;
+                add(kLayerFunction, v->name + "_" + p.name, lp, [v, &lp, &p] { return function_case(p.layer, *v, lp); });
+            }
         }
         add(kLayerFunction, "openblas_roofline", lp, [&lp] { return openblas_layer(true, lp); });
         add(kLayerFunction, "openblas_unfused", lp, [&lp] { return openblas_layer(false, lp); });

@@ -19,8 +19,6 @@ namespace attn::bench {
 
 // The fused layer's function.
 inline const char *const kLayerFunction = "attention_layer";
-// The bf16 layer's implementations among the fused layer's: <variant>_bf16 (bench/report.py's).
-inline const char *const kBf16Suffix = "_bf16";
 
 // The work of a function's call on a problem (its by-name call's: GEMM FLOPs and bytes);
 // of a packed problem, the sum over its sequences.

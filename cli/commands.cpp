@@ -81,10 +81,13 @@ int list_variants(const VariantsOptions &options) {
         }
     }
     std::printf("\nselected on this machine: %s\n", default_variant_reason().c_str());
-    std::string bf16;
-    for (const VariantInfo *v : bf16_variants())
-        bf16 += (bf16.empty() ? "" : ", ") + v->name + (computes_bf16(*v) ? "" : " (storage only)");
-    std::printf("bf16 (--precision bf16): %s\n", bf16.empty() ? "no variant in this build" : bf16.c_str());
+    for (const ReducedPrecision &p : kReducedPrecisions) {
+        std::string names;
+        for (const VariantInfo *v : precision_variants(p.precision))
+            names += (names.empty() ? "" : ", ") + v->name +
+                     (computes_natively(*v, p.precision) ? "" : " (without " + std::string(p.cpu_feature) + ")");
+        std::printf("%s (--precision %s): %s\n", p.name, p.name, names.empty() ? "no variant in this build" : names.c_str());
+    }
     return 0;
 }
 
@@ -115,9 +118,13 @@ int run_layer(const RunOptions &options) {
         inputs.key_padding_mask = {mask.data(), mask.size(), mask_array.shape};
     }
 
-    const bool bf16 = options.precision == "bf16";
-    if (bf16 && !options.probs.empty()) throw Error("--probs", "a bf16 layer has no probabilities output; drop --probs");
-    checkpoint.config.precision = bf16 ? Precision::bf16 : Precision::fp32;
+    const Precision precision = options.precision == "bf16"   ? Precision::bf16
+                                : options.precision == "int8" ? Precision::int8
+                                                              : Precision::fp32;
+    const bool reduced = precision != Precision::fp32;
+    if (reduced && !options.probs.empty())
+        throw Error("--probs", "a " + options.precision + " layer has no probabilities output; drop --probs");
+    checkpoint.config.precision = precision;
     checkpoint.config.allow_storage_only = options.allow_storage_only;
     const Attention layer = [&] {
         try {
@@ -167,7 +174,11 @@ int run_layer(const RunOptions &options) {
         checkpoint.safetensors_path.c_str(), static_cast<long long>(checkpoint.config.num_heads),
         double(checkpoint.config.layer_norm_eps), options.causal ? ", causal" : "",
         options.mask.empty() ? "" : (options.packed ? ", key padding mask, packed" : ", key padding mask"),
-        bf16 ? (computes_bf16(layer.variant()) ? ", bf16" : ", bf16 storage only") : "", layer.variant().name.c_str(), x_array.shape_string().c_str(),
+        !reduced                                     ? ""
+        : computes_natively(layer.variant(), precision) ? (", " + options.precision).c_str()
+                                                     : (", " + options.precision + " without " +
+                                                        reduced_precision(precision).cpu_feature).c_str(),
+        layer.variant().name.c_str(), x_array.shape_string().c_str(),
         options.output.c_str(), ms);
     return 0;
 }

@@ -20,8 +20,8 @@ struct RunOptions {
     bool packed = false;  // only the real tokens (Attention::forward_packed); padded rows of y are zeros
     std::optional<int64_t> heads;
     std::optional<float> eps;
-    std::string precision = "fp32";   // fp32 or bf16 (attn::Precision)
-    bool allow_storage_only = false;  // bf16 without avx512bf16: bf16 storage, f32 arithmetic
+    std::string precision = "fp32";   // fp32, bf16 or int8 (attn::Precision)
+    bool allow_storage_only = false;  // bf16 without avx512bf16, int8 without avx512vnni: the same results without them
 };
 int run_layer(const RunOptions &options);
 

@@ -66,7 +66,7 @@ int compare_variants(const BenchOptions &options) {
         std::string name, status, skip_reason;
         double max_error = 0, tolerance = 0;
         bool on_cpu = true;
-        bool bf16 = false;  // <variant>_bf16: the layer in bf16, never the "best" the others are compared with
+        bool reduced = false;  // <variant>_bf16, _int8: a reduced precision, never the "best" the others are compared with
         std::unique_ptr<Attention> layer;
         std::vector<double> ms;  // one per round
     };
@@ -106,43 +106,47 @@ int compare_variants(const BenchOptions &options) {
         if (!a.ok) std::fprintf(stderr, "%s\n", a.report(variant.name).c_str());
         rows.push_back(std::move(row));
     }
-    // The layer in bf16 (Precision::bf16), for each variant with a bf16 layer, checked against the
-    // references of the same rounding (and their allowance: reference::bf16_context_allowance).
-    Config bf16 = problem.config();
-    bf16.precision = Precision::bf16;
-    bf16.allow_storage_only = true;  // a named variant runs as built; "storage only" says so below
-    std::vector<double> bf16_exact;
-    std::vector<float> bf16_float32;
-    double bf16_allowance = 0;
-    for (const VariantInfo *variant : bf16_variants()) {
-        Row row{variant->name + "_bf16"};
-        row.bf16 = true;
-        if (!std::regex_search(row.name, variant_filter)) continue;
-        if (!variant->runnable) {
-            row.status = "skipped", row.skip_reason = variant->not_runnable_reason;
-            rows.push_back(std::move(row));
-            continue;
-        }
-        if (bf16_exact.empty()) {
-            if (problem.packed) {
-                auto exact = reference::attention_layer_packed<double>(bf16, data.weights(), packed.inputs());
-                bf16_exact = std::move(exact.y), bf16_allowance = exact.bf16_allowance;
-                bf16_float32 = reference::attention_layer_packed<float>(bf16, data.weights(), packed.inputs()).y;
-            } else {
-                auto exact = reference::attention_layer<double>(bf16, data.weights(), data.inputs());
-                auto plain = reference::attention_layer<float>(bf16, data.weights(), data.inputs());
-                bf16_allowance = reference::bf16_context_allowance(bf16, data.weights(), data.inputs(), exact, plain);
-                bf16_exact = std::move(exact.y), bf16_float32 = std::move(plain.y);
+    // The layer in bf16 and int8 (Precision::bf16, int8), for each variant with such a layer,
+    // checked against the references of the same rounding or quantization (and their
+    // allowance: reference::context_allowance).
+    for (const ReducedPrecision &p : kReducedPrecisions) {
+        Config config = problem.config();
+        config.precision = p.precision;
+        config.allow_storage_only = true;  // a named variant runs as built; the row says so below
+        std::vector<double> reduced_exact;
+        std::vector<float> reduced_float32;
+        double allowance = 0;
+        for (const VariantInfo *variant : precision_variants(p.precision)) {
+            Row row{variant->name + "_" + p.name};
+            row.reduced = true;
+            if (!std::regex_search(row.name, variant_filter)) continue;
+            if (!variant->runnable) {
+                row.status = "skipped", row.skip_reason = variant->not_runnable_reason;
+                rows.push_back(std::move(row));
+                continue;
             }
+            if (reduced_exact.empty()) {
+                if (problem.packed) {
+                    auto exact = reference::attention_layer_packed<double>(config, data.weights(), packed.inputs());
+                    reduced_exact = std::move(exact.y), allowance = exact.allowance;
+                    reduced_float32 = reference::attention_layer_packed<float>(config, data.weights(), packed.inputs()).y;
+                } else {
+                    auto exact = reference::attention_layer<double>(config, data.weights(), data.inputs());
+                    auto plain = reference::attention_layer<float>(config, data.weights(), data.inputs());
+                    allowance = reference::context_allowance(config, data.weights(), data.inputs(), exact, plain);
+                    reduced_exact = std::move(exact.y), reduced_float32 = std::move(plain.y);
+                }
+            }
+            row.layer = std::make_unique<Attention>(config, data.weights(), variant->name);
+            if (!computes_natively(*variant, p.precision))
+                row.skip_reason = std::string("without ") + p.cpu_feature + " (its ISA lacks it): " + p.without_feature;
+            forward(*row.layer);
+            const Accuracy a = check_accuracy(y.data(), reduced_exact, reduced_float32, allowance);
+            row.status = a.ok ? "ok" : "WRONG", row.max_error = a.max_error, row.tolerance = a.tolerance;
+            all_ok = all_ok && a.ok;
+            if (!a.ok) std::fprintf(stderr, "%s\n", a.report(row.name).c_str());
+            rows.push_back(std::move(row));
         }
-        row.layer = std::make_unique<Attention>(bf16, data.weights(), variant->name);
-        if (!computes_bf16(*variant)) row.skip_reason = "storage only (its ISA has no avx512bf16): f32 arithmetic";
-        forward(*row.layer);
-        const Accuracy a = check_accuracy(y.data(), bf16_exact, bf16_float32, bf16_allowance);
-        row.status = a.ok ? "ok" : "WRONG", row.max_error = a.max_error, row.tolerance = a.tolerance;
-        all_ok = all_ok && a.ok;
-        if (!a.ok) std::fprintf(stderr, "%s\n", a.report(row.name).c_str());
-        rows.push_back(std::move(row));
     }
     std::vector<Row *> timed;
     for (Row &r : rows) {
@@ -159,10 +163,10 @@ int compare_variants(const BenchOptions &options) {
     // "vs best": paired, round by round, against the CPU variant of lowest median (a GPU
     // variant's time here includes host-device copies).
     const Row *best = nullptr;
-    // Passes: fp32 CPU variants; any fp32 one, when none is a CPU one; any, when only bf16 ran.
+    // Passes: fp32 CPU variants; any fp32 one, when none is a CPU one; any, when only bf16 or int8 ran.
     for (int pass = 0; pass < 3 && !best; ++pass) {
         for (const Row *r : timed) {
-            if ((pass == 2 || !r->bf16) && (pass > 0 || r->on_cpu) && (!best || median(r->ms) < median(best->ms)))
+            if ((pass == 2 || !r->reduced) && (pass > 0 || r->on_cpu) && (!best || median(r->ms) < median(best->ms)))
                 best = r;
         }
     }
@@ -196,8 +200,9 @@ int compare_variants(const BenchOptions &options) {
         "holding the median with at least 90%% confidence. GPU variants are given host memory here, so\n"
         "their times include the copies to and from the device (tools/gpu_machine.sh bench times them on\n"
         "device memory); OpenCL variants run on this machine's OpenCL, which may be a CPU (PoCL).\n"
-        "<variant>_bf16 is the layer with its projections in bf16 (--precision bf16), checked against\n"
-        "the reference of the same rounding, and compared with the fastest fp32 CPU variant.\n");
+        "<variant>_bf16 and <variant>_int8 are the layer with its projections in bf16 or int8\n"
+        "(--precision), checked against the reference of the same rounding or quantization, and\n"
+        "compared with the fastest fp32 CPU variant.\n");
     std::printf("\nselected on this machine: %s\n", select_variant().name.c_str());
     return all_ok ? 0 : 1;
 }

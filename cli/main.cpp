@@ -42,12 +42,14 @@ int main(int argc, char **argv) {
     run_cmd->add_option("--heads", run.heads, "attention heads (default: num_attention_heads of config.json)");
     run_cmd
         ->add_option("--precision", run.precision,
-                     "the projections' precision: fp32, or bf16 (bf16 weights and inputs, f32 sums; vdpbf16ps where "
-                     "the CPU has avx512bf16; no --probs)")
-        ->check(CLI::IsMember({"fp32", "bf16"}))
+                     "the projections' precision: fp32; bf16 (bf16 weights and inputs, f32 sums; vdpbf16ps where "
+                     "the CPU has avx512bf16); or int8 (int8 weights per output feature, u8 inputs per token, i32 "
+                     "sums; vpdpbusd where the CPU has avx512vnni); no --probs in bf16 or int8")
+        ->check(CLI::IsMember({"fp32", "bf16", "int8"}))
         ->capture_default_str();
     run_cmd->add_flag("--allow-storage-only", run.allow_storage_only,
-                      "bf16 on a CPU without avx512bf16: run bf16 storage with f32 arithmetic instead of refusing");
+                      "bf16 on a CPU without avx512bf16, or int8 without avx512vnni: compute the same results without "
+                      "those instructions instead of refusing");
     // The kernels' CPU threads, for run and bench alike (attn::set_num_threads).
     int threads = 0;
     const auto threads_option = [&](CLI::App *command) {

@@ -4,7 +4,8 @@
 // attention probabilities; packed=true takes packed variable-length sequences instead
 // of a padded batch (manifest.json: attention_layer, attention_layer_probs,
 // attention_layer_packed, attention_layer_packed_probs); precision=bf16 takes bf16 weights
-// and computes the projections in bf16 (attention_layer_bf16).
+// and computes the projections in bf16 (attention_layer_bf16); precision=int8 takes int8
+// weights with their scales and computes the projections in int8 (attention_layer_int8).
 #include "attention_generator.h"
 
 namespace attn_gen {
@@ -16,15 +17,17 @@ public:
     GeneratorParam<bool> output_probs{"output_probs", false};
     // Packed variable-length sequences (DESIGN.md) instead of a padded batch.
     GeneratorParam<bool> packed{"packed", false};
-    // The projections' operands (attn_gen::Precision); bf16 is a CPU function.
-    GeneratorParam<Precision> precision{"precision", Precision::fp32, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}}};
+    // The projections' operands (attn_gen::Precision); bf16 and int8 are CPU functions.
+    GeneratorParam<Precision> precision{"precision",
+                                        Precision::fp32,
+                                        {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"int8", Precision::int8}}};
 
     // Dense: (hidden, seq_q, batch) = [B, S_q, H]. Packed: the token rows as a batch of one,
     // (hidden, token, 1) = [1, T, H].
     Input<Buffer<float, 3>> x{"x"};
     // (in, out) = [H_out, H_in], nn.Linear's; on a GPU and in bf16, prepared once as their
-    // transposes, (out, in) = [H_in, H_out] (layer_weights below). float, or bfloat16 in bf16
-    // (configure).
+    // transposes, (out, in) = [H_in, H_out] (layer_weights below). float, bfloat16 in bf16,
+    // int8 in int8 (configure).
     Input<Buffer<void, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"}, w_o{"w_o"};
     Input<Buffer<float, 1>> b_q{"b_q"}, b_k{"b_k"}, b_v{"b_v"}, b_o{"b_o"};  // [H]
     Input<Buffer<float, 1>> gamma{"gamma"}, beta{"beta"};                    // [H]
@@ -43,9 +46,15 @@ public:
     Output<Buffer<float, 3>> y{"y"};                                 // as x
     // (key, query, head, batch); packed: [B, heads, S_max, S_max], each sequence's [L, L] at its top left.
     GeneratorOutput<Buffer<float, 4>> *probs = nullptr;
+    // int8 only: (out, quantity, projection) = [4, 2, H], attn_gen::LayerInputs::weight_scales.
+    GeneratorInput<Buffer<float, 3>> *weight_scales = nullptr;
 
     void configure() {
-        for (auto *w : {&w_q, &w_k, &w_v, &w_o}) w->set_type(precision == Precision::bf16 ? BFloat(16) : Float(32));
+        const Type weight_type = precision == Precision::bf16   ? BFloat(16)
+                                 : precision == Precision::int8 ? Int(8)
+                                                                : Float(32);
+        for (auto *w : {&w_q, &w_k, &w_v, &w_o}) w->set_type(weight_type);
+        if (precision == Precision::int8) weight_scales = add_input<Buffer<float, 3>>("weight_scales");
         if (packed) {
             sequence_offsets = add_input<Buffer<int32_t, 1>>("sequence_offsets");
             max_length = add_input<int>("max_length");
@@ -57,8 +66,9 @@ public:
     }
 
     void generate() {
-        if (precision == Precision::bf16 && get_target().has_gpu_feature())
-            _halide_user_error << "attention_layer: precision=bf16 is built for CPUs only, not for " << get_target() << "\n";
+        if (precision != Precision::fp32 && get_target().has_gpu_feature())
+            _halide_user_error << "attention_layer: precision=" << (precision == Precision::bf16 ? "bf16" : "int8")
+                               << " is built for CPUs only, not for " << get_target() << "\n";
         LayerInputs in;
         in.x = x;
         in.w_q = w_q, in.w_k = w_k, in.w_v = w_v, in.w_o = w_o;
@@ -66,6 +76,7 @@ public:
         in.gamma = gamma, in.beta = beta;
         in.precision = precision;
         in.weight_layout = layer_weights(get_target(), precision);
+        if (weight_scales) in.weight_scales = *weight_scales;
         in.bias = bias;
         in.causal = causal, in.heads = heads, in.eps = eps;
         in.output_probs = output_probs;
@@ -94,6 +105,7 @@ public:
         const Region score{{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, batch}};
         x.set_estimates(activation);
         for (auto *w : {&w_q, &w_k, &w_v, &w_o}) w->set_estimates({{0, kEstimateHidden}, {0, kEstimateHidden}});
+        if (weight_scales) weight_scales->set_estimates({{0, kEstimateHidden}, {0, 2}, {0, 4}});
         for (auto *p : {&b_q, &b_k, &b_v, &b_o, &gamma, &beta}) p->set_estimates({{0, kEstimateHidden}});
         bias.set_estimates(score);
         causal.set_estimate(false);
@@ -113,11 +125,12 @@ public:
     // A GPU's fused layer reads its weights transposed, as its kernels read them, prepared
     // once by the runtime's Attention (DeviceWeights, runtime/src/pipeline_call.cpp), so no
     // call launches transposes; so does bf16, whose weights the Attention rounds once anyway
-    // (Bf16Weights), and whose panels would otherwise gather 16-bit values one at a time.
+    // (Bf16Weights), and whose panels would otherwise gather 16-bit values one at a time; and
+    // so does int8, whose weights it quantizes once (Int8Weights).
     // The stages, called with their weights each time, and every fp32 CPU layer, whose
     // panels transpose their slice in cache with f32 vectors, take nn.Linear's layout.
     static WeightLayout layer_weights(const Target &target, Precision precision) {
-        return target.has_gpu_feature() || precision == Precision::bf16 ? WeightLayout::transposed
+        return target.has_gpu_feature() || precision != Precision::fp32 ? WeightLayout::transposed
                                                                         : WeightLayout::linear;
     }
 

@@ -77,7 +77,7 @@ struct Accuracy {
 };
 constexpr double kAbsoluteFloor = 1e-5;
 // `allowance`: added to the tolerance for a reduced precision's rounding of a computed
-// activation (reference::bf16_context_allowance), stated in the report; 0 in fp32.
+// activation (reference::context_allowance), stated in the report; 0 in fp32.
 Accuracy check_accuracy(const float *actual, const std::vector<double> &reference,
                         const std::vector<float> &plain_float32, double allowance = 0);
 

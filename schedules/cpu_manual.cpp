@@ -19,14 +19,21 @@ bool native_bf16(const Target &target) {
     return target.has_feature(Target::AVX512_Zen4) || target.has_feature(Target::AVX512_SapphireRapids);
 }
 
+// Whether the target sums u8 × i8 quads natively (AVX512_VNNI's vpdpbusd; in Halide's
+// avx512_zen4 and avx512_sapphirerapids targets). Elsewhere Halide sums them in pairs with
+// pmaddwd, after widening the operands to 16 bits.
+bool native_int8(const Target &target) { return native_bf16(target); }
+
 // Computes the reduction `tile` (a pure init and one update over `reduction`) as a
 // register tile of `columns` × t.tile_rows at `at`: `column` vectorized and unrolled,
-// `row` unrolled, the reduction outside both. A bf16 GEMM's reduction starts with its pair
-// of features (attn_gen::Linear::k): with native bf16 the pair and the lanes are one
-// vector of 2·vw products summed pairwise into vw lanes (vdpbf16ps); otherwise the pair
-// is unrolled, each an f32 multiply-add of widened operands.
+// `row` unrolled, the reduction outside both. A bf16 or int8 GEMM's reduction starts with
+// its pair or quad of features (attn_gen::Linear::k): the group and the lanes are one
+// vector of 2·vw or 4·vw products summed groupwise into vw lanes (vdpbf16ps, vpdpbusd;
+// int8 without VNNI, pmaddwd and adds). bf16 without native products unrolls the pair,
+// each an f32 multiply-add of widened operands.
 void register_tile(Func tile, const Var &column, const Var &row, const std::vector<RVar> &reduction, int columns,
-                   LoopLevel at, const CpuTiling &t, const Target &target, bool bf16_pairs = false) {
+                   LoopLevel at, const CpuTiling &t, const Target &target,
+                   attn_gen::Precision precision = attn_gen::Precision::fp32) {
     const int vw = vector_width(target);
     Var vec{"vec"}, lane{"lane"};
     tile.compute_at(at)
@@ -37,18 +44,19 @@ void register_tile(Func tile, const Var &column, const Var &row, const std::vect
         .unroll(row);
     Stage update = tile.update();
     update.split(column, vec, lane, vw);
-    if (bf16_pairs && native_bf16(target)) {
-        const RVar &pair = reduction[0];
-        RVar pair_lane{"pair_lane"};
-        std::vector<VarOrRVar> order{pair, lane, vec, row};
+    const bool bf16 = precision == attn_gen::Precision::bf16;
+    if ((bf16 && native_bf16(target)) || precision == attn_gen::Precision::int8) {
+        const RVar &group = reduction[0];
+        RVar group_lane{"group_lane"};
+        std::vector<VarOrRVar> order{group, lane, vec, row};
         order.insert(order.end(), reduction.begin() + 1, reduction.end());
-        update.reorder(order).fuse(pair, lane, pair_lane).atomic().vectorize(pair_lane).unroll(vec).unroll(row);
+        update.reorder(order).fuse(group, lane, group_lane).atomic().vectorize(group_lane).unroll(vec).unroll(row);
         return;
     }
     std::vector<VarOrRVar> order{lane, vec, row};
     order.insert(order.end(), reduction.begin(), reduction.end());
     update.reorder(order).vectorize(lane).unroll(vec).unroll(row);
-    if (bf16_pairs) update.unroll(reduction[0]);
+    if (bf16) update.unroll(reduction[0]);
 }
 
 // A reduction over one row (max, sum) computed at `at`, vectorized across the row: a
@@ -76,13 +84,14 @@ void vectorized_row_reduction(Func reduction, RVar along, LoopLevel at, const Ta
 // are computed (attn_gen::Linear::row).
 // A bf16 GEMM's panel (attn_gen::Linear::weight_transposed, (pair, out, in_pair)) is stored
 // as the tile reads it: with native bf16, pair innermost, so that one load is vw outputs'
-// pairs; otherwise outputs innermost, one vector per feature.
+// pairs; otherwise outputs innermost, one vector per feature. An int8 panel, (quad, out,
+// in_quad), has its quad innermost: one load is vw outputs' quads.
 void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const std::vector<RVar> &reduction,
                          VarOrRVar rows, LoopLevel at, const CpuTiling &t, const Target &target,
                          attn_gen::Precision precision = attn_gen::Precision::fp32) {
     const int vw = vector_width(target), panel = vw * t.tile_vectors;
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
-    Var oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"}, pair{"pair"}, in_pair{"in_pair"};
+    Var oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
     VarOrRVar so("so", rows.is_rvar), si("si", rows.is_rvar);
     out.compute_at(at);
     Stage stage = out.has_update_definition() ? Stage(out.update()) : Stage(out);
@@ -91,15 +100,18 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
         .reorder(oi, si, so, b, oo)
         .vectorize(oi, vw, kGuard)
         .parallel(oo);
-    const bool bf16 = precision == attn_gen::Precision::bf16;
     weight_transposed.compute_at(out, oo).bound_extent(o, panel);
-    if (!bf16) {
+    if (precision == attn_gen::Precision::fp32) {
         weight_transposed.split(in_feature, ko, ki, vw, kGuard).reorder(o, ki, ko).vectorize(o, vw).unroll(ki);
     } else {
-        weight_transposed.bound_extent(pair, 2).reorder(pair, o, in_pair).vectorize(o, vw).unroll(pair);
-        if (!native_bf16(target)) weight_transposed.reorder_storage(o, pair, in_pair);
+        // The group's variable is the pair or quad (attn_gen::Linear::weight_transposed).
+        const int group = precision == attn_gen::Precision::bf16 ? 2 : 4;
+        Var g = weight_transposed.args()[0], in_group = weight_transposed.args()[2];
+        weight_transposed.bound_extent(g, group).reorder(g, o, in_group).vectorize(o, vw).unroll(g);
+        if (precision == attn_gen::Precision::bf16 && !native_bf16(target))
+            weight_transposed.reorder_storage(o, g, in_group);
     }
-    register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, bf16);
+    register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
 }
 
 void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, const Target &target) {
@@ -118,6 +130,35 @@ void schedule_rounded(Func rounded, const Target &target) {
         .parallel(so)
         .parallel(dims.batch)
         .vectorize(dims.hidden, vector_width(target), kGuard);
+}
+
+// int8 activations (attn_gen::QuantizedRows), quantized once before the GEMMs that read
+// them: the rows' ranges (blocks of rows in parallel, each reduction vectorized across its
+// row, as vectorized_row_reduction), their steps and zero points (which the GEMMs'
+// epilogues read too), then the values.
+void schedule_quantized(attn_gen::QuantizedRows q, const Target &target) {
+    const int vw = vector_width(target);
+    const Var &s = dims.seq, &b = dims.batch;
+    Var so{"so"}, si{"si"};
+    for (Func range : {q.low, q.high}) {
+        RVar outer{"outer"}, lane{"lane"};
+        Var partial_lane{"partial_lane"};
+        range.compute_root();
+        Stage update = range.update();
+        Func partial = update.split(q.feature.x, outer, lane, vw, kGuard).rfactor(lane, partial_lane);
+        update.split(s, so, si, 16, kGuard).parallel(so);
+        std::vector<Var> storage{partial_lane};
+        for (const Var &v : range.args()) storage.push_back(v);
+        partial.compute_at(range, si).reorder_storage(storage).vectorize(partial_lane);
+        partial.update().vectorize(partial_lane);
+    }
+    for (Func f : {q.inverse_step, q.step, q.zero}) f.compute_root();
+    q.values.compute_root()
+        .split(s, so, si, 16, kGuard)
+        .reorder(dims.hidden, si, so, b)
+        .parallel(so)
+        .parallel(b)
+        .vectorize(dims.hidden, vw, kGuard);
 }
 
 // The reduction `product` (col, row, ...) over the columns and rows needed at `at`,
@@ -179,6 +220,7 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
     Var so{"so"}, si{"si"};
     if (n.context_rounded.defined()) {
         schedule_rounded(n.context_rounded, target);
+        if (n.context_quantized.values.defined()) schedule_quantized(n.context_quantized, target);
         schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, {n.rounded.k.x, n.rounded.k.y}, s,
                             LoopLevel::root(), t, target, n.rounded.precision);
     } else {
@@ -300,7 +342,10 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
                                   const Target &target) {
     const int vw = vector_width(target);
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
-    if (l.x_rounded.defined()) {
+    if (l.x_quantized.values.defined()) {
+        schedule_quantized(l.x_quantized, target);
+        if (l.kv_quantized.values.name() != l.x_quantized.values.name()) schedule_quantized(l.kv_quantized, target);
+    } else if (l.x_rounded.defined()) {
         schedule_rounded(l.x_rounded, target);
         if (l.kv_rounded.name() != l.x_rounded.name()) schedule_rounded(l.kv_rounded, target);
     }

@@ -131,7 +131,7 @@ INSTANTIATE_TEST_SUITE_P(BenchmarkProblems, ListedProblemTest,
 // completed by a zero weight), against the double reference of the same rounding (the
 // weights, and every projection's input, rounded to bf16), under the accuracy rule with
 // the float32 reference of that rounding; test_precision.cpp bounds it against fp32.
-std::vector<Problem> bf16_problems() {
+std::vector<Problem> reduced_precision_problems() {
     std::vector<Problem> problems = layer_problems();
     for (const Problem &p : listed_problems()) problems.push_back(p);
     Problem odd;
@@ -145,14 +145,32 @@ using Bf16LayerTest = LayerTest;
 TEST_P(Bf16LayerTest, MatchesReference) {
     const auto &[variant, problem] = GetParam();
     ATTN_SKIP_IF_NOT_RUNNABLE(variant);
-    check_function(variant, detail::kBf16Layer, problem);
+    check_function(variant, reduced_precision(Precision::bf16).layer, problem);
 }
 
 // (A build without bf16 variants, arm64's, instantiates none.)
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Bf16LayerTest);
 INSTANTIATE_TEST_SUITE_P(Bf16Variants, Bf16LayerTest,
-                         ::testing::Combine(::testing::ValuesIn(bf16_variant_list()),
-                                            ::testing::ValuesIn(bf16_problems())),
+                         ::testing::Combine(::testing::ValuesIn(precision_variant_list(Precision::bf16)),
+                                            ::testing::ValuesIn(reduced_precision_problems())),
+                         variant_problem_name);
+
+// int8 likewise (the odd hidden size's last quad of input features is completed by zero
+// weights), against the double reference of the same quantization (the weights per output
+// feature, every projection's input per token row), with the allowance for a context that
+// quantizes to a neighbouring value (reference::context_allowance).
+using Int8LayerTest = LayerTest;
+
+TEST_P(Int8LayerTest, MatchesReference) {
+    const auto &[variant, problem] = GetParam();
+    ATTN_SKIP_IF_NOT_RUNNABLE(variant);
+    check_function(variant, reduced_precision(Precision::int8).layer, problem);
+}
+
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Int8LayerTest);
+INSTANTIATE_TEST_SUITE_P(Int8Variants, Int8LayerTest,
+                         ::testing::Combine(::testing::ValuesIn(precision_variant_list(Precision::int8)),
+                                            ::testing::ValuesIn(reduced_precision_problems())),
                          variant_problem_name);
 
 }  // namespace

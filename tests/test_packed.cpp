@@ -126,27 +126,45 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, PackedTest,
                          ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(packed_cases())),
                          variant_packed_name);
 
-// bf16 (attention_layer_packed_bf16): each variant with a bf16 layer on every packed case,
-// against the double reference of the same rounding, as test_layer.cpp's Bf16LayerTest.
+// bf16 and int8 (attention_layer_packed_bf16, _int8): each variant with such a layer on every
+// packed case, against the double reference of the same rounding or quantization, as
+// test_layer.cpp's Bf16LayerTest and Int8LayerTest.
+void check_reduced_packed(const VariantInfo &variant, const PackedCase &c, Precision precision) {
+    const PackedData data(c);
+    const PackedInputs in = data.inputs();
+    Config config = data.config();
+    config.precision = precision;
+    config.allow_storage_only = true;
+    const PackedReferenceRun &ref = packed_reference_run(std::string(c.name) + "_" + precision_name(precision), config,
+                                                         data.layer.weights(), in);
+    GuardedOutput y({c.tokens(), c.hidden});
+    Attention(config, data.layer.weights(), variant.name).forward_packed(in, y.view());
+    expect_matches_reference("y", y, ref.exact.y, ref.float32.y, ref.exact.allowance);
+}
+
 using Bf16PackedTest = PackedTest;
+using Int8PackedTest = PackedTest;
 
 TEST_P(Bf16PackedTest, MatchesReference) {
     const auto &[variant, c] = GetParam();
     ATTN_SKIP_IF_NOT_RUNNABLE(variant);
-    const PackedData data(c);
-    const PackedInputs in = data.inputs();
-    Config config = data.config();
-    config.precision = Precision::bf16;
-    config.allow_storage_only = true;
-    const PackedReferenceRun &ref = packed_reference_run(std::string(c.name) + "_bf16", config, data.layer.weights(), in);
-    GuardedOutput y({c.tokens(), c.hidden});
-    Attention(config, data.layer.weights(), variant.name).forward_packed(in, y.view());
-    expect_matches_reference("y", y, ref.exact.y, ref.float32.y, ref.exact.bf16_allowance);
+    check_reduced_packed(variant, c, Precision::bf16);
 }
 
-GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Bf16PackedTest);  // (arm64 builds no bf16 variant)
+TEST_P(Int8PackedTest, MatchesReference) {
+    const auto &[variant, c] = GetParam();
+    ATTN_SKIP_IF_NOT_RUNNABLE(variant);
+    check_reduced_packed(variant, c, Precision::int8);
+}
+
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Bf16PackedTest);  // (arm64 builds no bf16 or int8 variant)
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Int8PackedTest);
 INSTANTIATE_TEST_SUITE_P(Bf16Variants, Bf16PackedTest,
-                         ::testing::Combine(::testing::ValuesIn(bf16_variant_list()),
+                         ::testing::Combine(::testing::ValuesIn(precision_variant_list(Precision::bf16)),
+                                            ::testing::ValuesIn(packed_cases())),
+                         variant_packed_name);
+INSTANTIATE_TEST_SUITE_P(Int8Variants, Int8PackedTest,
+                         ::testing::Combine(::testing::ValuesIn(precision_variant_list(Precision::int8)),
                                             ::testing::ValuesIn(packed_cases())),
                          variant_packed_name);
 

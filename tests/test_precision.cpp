@@ -1,7 +1,8 @@
-// bf16 (attn::Precision): the rounding the runtime and the reference share, the choice of
-// variant and its refusals, and the bf16 layer against the fp32 reference under a bound
-// derived from the rounding. (Each bf16 variant against the double reference of the same
-// rounding: test_layer.cpp's Bf16LayerTest, test_packed.cpp's Bf16PackedTest.)
+// bf16 and int8 (attn::Precision): the rounding and quantization the runtime and the
+// reference share, the choice of variant and its refusals, and each reduced-precision layer
+// against the fp32 reference under a bound derived from its rounding. (Each variant against
+// the double reference of the same rounding: test_layer.cpp's Bf16LayerTest and
+// Int8LayerTest, test_packed.cpp's Bf16PackedTest and Int8PackedTest.)
 #include "attn/internal.h"
 #include "support/variant_param.h"
 
@@ -33,22 +34,56 @@ TEST(Bf16, RoundsToNearestTiesToEven) {
     EXPECT_TRUE(std::isnan(round_to_bf16(from_bits(0x7f800001u))));  // a NaN whose payload is in the low bits
 }
 
+TEST(Int8, QuantizesWeightsPerOutputFeature) {
+    // Row 0: its largest magnitude, 2.54, becomes ±127 (scale 0.02); 0.01 is half a step, to
+    // even (0), 0.03 one and a half, to even (2). Row 1, zeros: scale 1.
+    const std::vector<float> w{2.54f, -2.54f, 0.01f, 0.03f, 0, 0, 0, 0};
+    const Int8Weight q = quantize_int8({w.data(), w.size(), {2, 4}});
+    EXPECT_FLOAT_EQ(q.scales[0], 2.54f / 127.0f);
+    EXPECT_EQ(q.scales[1], 1.0f);
+    EXPECT_EQ(std::vector<int>(q.values.begin(), q.values.begin() + 4), (std::vector<int>{127, -127, 0, 2}));
+    EXPECT_EQ(q.sums[0], 2);
+    EXPECT_EQ(q.sums[1], 0);
+}
+
+TEST(Int8, QuantizesRowsToU8WithAZeroPoint) {
+    // Range [-1, 3] (low from the row, high from it): step 4/255, zero round(63.75) = 64.
+    const std::vector<float> row{-1.0f, 3.0f, 0.0f, 1.0f};
+    std::vector<uint8_t> values(row.size());
+    const QuantizedRow q = quantize_row_u8(row.data(), int64_t(row.size()), values.data());
+    EXPECT_FLOAT_EQ(q.step, 4.0f / 255.0f);
+    EXPECT_EQ(q.zero, 64);
+    EXPECT_EQ(std::vector<int>(values.begin(), values.end()), (std::vector<int>{0, 255, 64, 128}));
+    // Positive only: low is 0, so zero is 0 and 0 stays exact.
+    const std::vector<float> positive{0.5f, 2.0f};
+    std::vector<uint8_t> pv(2);
+    const QuantizedRow p = quantize_row_u8(positive.data(), 2, pv.data());
+    EXPECT_EQ(p.zero, 0);
+    EXPECT_EQ(int(pv[1]), 255);
+    // A row of zeros: step 1, every value the zero point.
+    const std::vector<float> zeros(3, 0.0f);
+    std::vector<uint8_t> zv(3);
+    const QuantizedRow z = quantize_row_u8(zeros.data(), 3, zv.data());
+    EXPECT_EQ(z.step, 1.0f);
+    EXPECT_EQ(std::vector<int>(zv.begin(), zv.end()), std::vector<int>(3, z.zero));
+}
+
 Problem small(bool causal = false) {
     Problem p;
     p.batch = 2, p.s_q = p.s_k = 33, p.hidden = 128, p.heads = 4, p.mask = Mask::padding, p.causal = causal;
     return p;
 }
 
-Config bf16_config(const Problem &p, bool allow_storage_only = false) {
+Config reduced_config(const Problem &p, Precision precision, bool allow_storage_only = false) {
     Config c = p.config();
-    c.precision = Precision::bf16;
+    c.precision = precision;
     c.allow_storage_only = allow_storage_only;
     return c;
 }
 
-const VariantInfo *first_bf16(bool computes) {
-    for (const VariantInfo *v : bf16_variants())
-        if (v->runnable && computes_bf16(*v) == computes) return v;
+const VariantInfo *first_runnable(Precision precision, bool native) {
+    for (const VariantInfo *v : precision_variants(precision))
+        if (v->runnable && computes_natively(*v, precision) == native) return v;
     return nullptr;
 }
 
@@ -64,49 +99,62 @@ void expect_error(const char *argument, const std::string &message, Call &&call)
     ADD_FAILURE() << "no attn::Error(" << argument << ")";
 }
 
-// A build without bf16 variants (arm64: manifest.json's built_for) refuses bf16, saying so.
-#define ATTN_SKIP_WITHOUT_BF16(d)                                                                              \
-    if (bf16_variants().empty()) {                                                                           \
-        expect_error("precision", "none in this build", [&] { Attention(bf16_config((d).problem, true), (d).weights()); }); \
-        GTEST_SKIP() << "this build has no bf16 variant (manifest.json: built_for)";                          \
+// Each reduced precision (attn::kReducedPrecisions) as a test parameter.
+class ReducedPrecisionTest : public ::testing::TestWithParam<Precision> {};
+
+std::string precision_param_name(const ::testing::TestParamInfo<Precision> &info) { return precision_name(info.param); }
+
+// A build without the precision's variants (arm64: manifest.json's built_for) refuses it, saying so.
+#define ATTN_SKIP_WITHOUT(precision, d)                                                                         \
+    if (precision_variants(precision).empty()) {                                                              \
+        expect_error("precision", "none in this build",                                                      \
+                     [&] { Attention(reduced_config((d).problem, precision, true), (d).weights()); });        \
+        GTEST_SKIP() << "this build has no " << precision_name(precision) << " variant (manifest.json: built_for)"; \
     }
 
-TEST(Bf16, DefaultIsTheWidestVariantThatComputesBf16) {
+TEST_P(ReducedPrecisionTest, DefaultIsTheWidestVariantThatComputesNatively) {
+    const Precision precision = GetParam();
     const LayerData d(small());
-    ATTN_SKIP_WITHOUT_BF16(d);
-    const VariantInfo *computes = first_bf16(true);
-    if (!computes) {
-        // None that computes in bf16 runs here: refused, and the message says how to allow storage only.
-        expect_error("precision", "config.allow_storage_only", [&] { Attention(bf16_config(d.problem), d.weights()); });
-        const VariantInfo *stores = first_bf16(false);
-        ASSERT_NE(stores, nullptr);
-        EXPECT_EQ(Attention(bf16_config(d.problem, true), d.weights()).variant().name, stores->name);
-        GTEST_SKIP() << "no variant that computes in bf16 runs here (this CPU lacks avx512bf16, or the build that variant)";
+    ATTN_SKIP_WITHOUT(precision, d);
+    const ReducedPrecision &rp = reduced_precision(precision);
+    const VariantInfo *native = first_runnable(precision, true);
+    if (!native) {
+        // None that computes natively runs here: refused, and the message says how to allow the fallback.
+        expect_error("precision", "config.allow_storage_only",
+                     [&] { Attention(reduced_config(d.problem, precision), d.weights()); });
+        const VariantInfo *without = first_runnable(precision, false);
+        ASSERT_NE(without, nullptr);
+        EXPECT_EQ(Attention(reduced_config(d.problem, precision, true), d.weights()).variant().name, without->name);
+        GTEST_SKIP() << "no variant that computes " << rp.name << " natively runs here (this CPU lacks "
+                     << rp.cpu_feature << ", or the build that variant)";
     }
-    const Attention layer(bf16_config(d.problem), d.weights());
-    EXPECT_TRUE(computes_bf16(layer.variant())) << layer.variant().name;
-    const Attention allowed(bf16_config(d.problem, true), d.weights());
-    EXPECT_EQ(allowed.variant().name, layer.variant().name) << "storage only is a fallback, never preferred";
+    const Attention layer(reduced_config(d.problem, precision), d.weights());
+    EXPECT_TRUE(computes_natively(layer.variant(), precision)) << layer.variant().name;
+    const Attention allowed(reduced_config(d.problem, precision, true), d.weights());
+    EXPECT_EQ(allowed.variant().name, layer.variant().name) << "the fallback is never preferred";
 }
 
-TEST(Bf16, RefusesWhatItCannotDo) {
+TEST_P(ReducedPrecisionTest, RefusesWhatItCannotDo) {
+    const Precision precision = GetParam();
     LayerData d(small());
-    ATTN_SKIP_WITHOUT_BF16(d);
-    const Config bf16 = bf16_config(d.problem);
-    // A variant without a bf16 layer, named.
+    ATTN_SKIP_WITHOUT(precision, d);
+    const ReducedPrecision &rp = reduced_precision(precision);
+    const Config config = reduced_config(d.problem, precision);
+    // A variant without the precision's layer, named.
     for (const VariantInfo &v : variants()) {
-        const std::vector<const VariantInfo *> with = bf16_variants();
+        const std::vector<const VariantInfo *> with = precision_variants(precision);
         if (!v.runnable || std::find(with.begin(), with.end(), &v) != with.end()) continue;
-        expect_error("variant", "does not provide attention_layer_bf16",
-                     [&] { Attention(bf16_config(d.problem, true), d.weights(), v.name); });
+        expect_error("variant", std::string("does not provide ") + rp.layer,
+                     [&] { Attention(reduced_config(d.problem, precision, true), d.weights(), v.name); });
         break;
     }
-    // Storage only, named, without the caller's leave.
-    if (const VariantInfo *stores = first_bf16(false)) {
-        expect_error("precision", "only store bf16", [&] { Attention(bf16, d.weights(), stores->name); });
-        EXPECT_EQ(Attention(bf16_config(d.problem, true), d.weights(), stores->name).variant().name, stores->name);
+    // A variant without the instructions, named, without the caller's leave.
+    if (const VariantInfo *without = first_runnable(precision, false)) {
+        expect_error("precision", rp.without_feature, [&] { Attention(config, d.weights(), without->name); });
+        EXPECT_EQ(Attention(reduced_config(d.problem, precision, true), d.weights(), without->name).variant().name,
+                  without->name);
     }
-    const Attention layer(bf16_config(d.problem, true), d.weights());
+    const Attention layer(reduced_config(d.problem, precision, true), d.weights());
     std::vector<float> y(std::size_t(d.problem.batch * d.problem.s_q * d.problem.hidden));
     std::vector<float> probs(std::size_t(d.problem.batch * d.problem.heads * d.problem.s_q * d.problem.s_k));
     const MutableTensor y_view = view(y, {d.problem.batch, d.problem.s_q, d.problem.hidden});
@@ -120,16 +168,20 @@ TEST(Bf16, RefusesWhatItCannotDo) {
         layer.forward_packed(packed.inputs(), view(y_packed, {packed.tokens(), packed.hidden}),
                              view(probs_packed, {int64_t(probs_packed.size())}));
     });
-    // The stages are fp32: a bf16 config is refused, not computed in fp32.
+    // The stages are fp32: a reduced-precision config is refused, not computed in fp32.
     std::vector<float> q(y.size()), k(y.size()), v(y.size());
     const Shape shape{d.problem.batch, d.problem.s_q, d.problem.hidden};
     expect_error("precision", "fp32 only", [&] {
-        stages::qkv_projection(select_variant(), bf16, d.inputs().x, d.inputs().x, d.weights(), view(q, shape),
+        stages::qkv_projection(select_variant(), config, d.inputs().x, d.inputs().x, d.weights(), view(q, shape),
                                view(k, shape), view(v, shape));
     });
 }
 
-// The bf16 layer against the fp32 reference: a bound derived from the rounding. With
+INSTANTIATE_TEST_SUITE_P(Precisions, ReducedPrecisionTest, ::testing::Values(Precision::bf16, Precision::int8),
+                         precision_param_name);
+
+// A reduced-precision layer against the fp32 reference: a bound derived from its rounding.
+// bf16: with
 // u = 2^-8, the unit roundoff of rounding to bf16 (8 significant bits, to nearest), each
 // rounded operand is a·(1 + δ) with δ spread evenly over [−u, u] (variance u²/3) and
 // independent of the others, on these random inputs. Propagated to first order, as standard
@@ -144,20 +196,53 @@ TEST(Bf16, RefusesWhatItCannotDo) {
 //     u·√(2/3)·√Σ_e (c_e·W_o)² (the rounding of c and of W_o);
 //   LayerNorm: Δy_o = γ_o/σ·(Δz_o − Δμ − ŷ_o·Δσ), sd Δμ and sd Δσ <= max sd Δz, so
 //     sd Δy_o <= |γ_o|/σ·(sd Δz_o + (1 + |ŷ_o|)·max sd Δz), ŷ the normalized value.
+// int8: each quantized operand is off by an error spread evenly over half a step either way,
+// absolute rather than relative: the activation a by step_a/2 (its row's step,
+// attn::quantize_row_u8), the weight w by scale_w/2 (its output feature's, attn::quantize_int8),
+// variance step²/12 and scale²/12. So sd Δp = √Σ(w²·step_a² + a²·scale_w²)/√12 for a projection,
+// and likewise for the output projection's √Σ_e (c_e·W_o)² term; the rest propagates as in bf16.
+// (A row's largest value may be clamped to 255, one step off instead of half: one element of a
+// row, which the 6 sd absorb.)
 // The bound is 6 sd (a Gaussian tail of 2e-9 per element) plus the accuracy rule's allowance
 // for evaluating in f32 (2 × the plain float32 error + 1e-5).
-std::vector<double> fp32_bound(const Problem &p, const LayerData &d, const reference::LayerOutputs<double> &r) {
-    const double u = 0x1p-8, pair = u * std::sqrt(2.0 / 3.0);
+std::vector<double> fp32_bound(const Problem &p, const LayerData &d, const reference::LayerOutputs<double> &r,
+                               Precision precision) {
+    const double u = 0x1p-8, pair = u * std::sqrt(2.0 / 3.0), uniform = 1 / std::sqrt(12.0);
     const int64_t B = p.batch, S = p.s_q, H = p.hidden, heads = p.heads, dh = H / heads;
     const int64_t rows = B * S;
+    const bool int8 = precision == Precision::int8;
+    // int8: each row's step, each output feature's weight scale.
+    auto row_steps = [&](const auto &a) {
+        std::vector<double> steps(static_cast<std::size_t>(rows));
+        std::vector<float> row(static_cast<std::size_t>(H));
+        std::vector<uint8_t> values(static_cast<std::size_t>(H));
+        for (int64_t i = 0; i < rows; ++i) {
+            for (int64_t k = 0; k < H; ++k) row[std::size_t(k)] = float(a[i * H + k]);
+            steps[std::size_t(i)] = quantize_row_u8(row.data(), H, values.data()).step;
+        }
+        return steps;
+    };
+    auto weight_scales = [&](const std::vector<float> &w) {
+        const std::vector<float> scales = quantize_int8({w.data(), w.size(), {H, H}}).scales;
+        return std::vector<double>(scales.begin(), scales.end());
+    };
+    // sd of Σ_k a_k·w_k for a's row `row` and w's output `o`.
+    auto sum_sd = [&](const auto &a, const std::vector<float> &w, int64_t row, int64_t o, double step, double scale) {
+        double s = 0;
+        for (int64_t k = 0; k < H; ++k) {
+            const double ak = double(a[row * H + k]), wk = double(w[o * H + k]);
+            s += int8 ? wk * wk * step * step + ak * ak * scale * scale : std::pow(ak * wk, 2);
+        }
+        return (int8 ? uniform : pair) * std::sqrt(s);
+    };
+    const std::vector<double> x_steps = int8 ? row_steps(d.x) : std::vector<double>(),
+                              ctx_steps = int8 ? row_steps(r.ctx) : std::vector<double>();
     auto projection_sd = [&](const std::vector<float> &a, const std::vector<float> &w) {
+        const std::vector<double> scales = int8 ? weight_scales(w) : std::vector<double>();
         std::vector<double> sd(static_cast<std::size_t>(rows * H));
         for (int64_t row = 0; row < rows; ++row)
-            for (int64_t o = 0; o < H; ++o) {
-                double s = 0;
-                for (int64_t k = 0; k < H; ++k) s += std::pow(double(a[row * H + k]) * double(w[o * H + k]), 2);
-                sd[row * H + o] = pair * std::sqrt(s);
-            }
+            for (int64_t o = 0; o < H; ++o)
+                sd[row * H + o] = sum_sd(a, w, row, o, int8 ? x_steps[std::size_t(row)] : 0, int8 ? scales[std::size_t(o)] : 0);
         return sd;
     };
     const std::vector<double> sq = projection_sd(d.x, d.w_q), sk = projection_sd(d.x, d.w_k),
@@ -191,15 +276,13 @@ std::vector<double> fp32_bound(const Problem &p, const LayerData &d, const refer
             }
     std::vector<double> bound(static_cast<std::size_t>(rows * H)), sz(static_cast<std::size_t>(H)),
         z(static_cast<std::size_t>(H));
+    const std::vector<double> o_scales = int8 ? weight_scales(d.w_o) : std::vector<double>();
     for (int64_t row = 0; row < rows; ++row) {
         for (int64_t o = 0; o < H; ++o) {
-            double shared = 0, independent = 0;
-            for (int64_t e = 0; e < H; ++e) {
-                const double w = double(d.w_o[o * H + e]);
-                shared += sc[row * H + e] * std::abs(w);
-                independent += std::pow(r.ctx[row * H + e] * w, 2);
-            }
-            sz[o] = shared + pair * std::sqrt(independent);
+            double shared = 0;
+            for (int64_t e = 0; e < H; ++e) shared += sc[row * H + e] * std::abs(double(d.w_o[o * H + e]));
+            sz[o] = shared + sum_sd(r.ctx, d.w_o, row, o, int8 ? ctx_steps[std::size_t(row)] : 0,
+                                    int8 ? o_scales[std::size_t(o)] : 0);
         }
         const double largest = *std::max_element(sz.begin(), sz.end());
         double mean = 0, var = 0;
@@ -220,23 +303,23 @@ std::vector<double> fp32_bound(const Problem &p, const LayerData &d, const refer
     return bound;
 }
 
-class Bf16AgainstFp32 : public ::testing::TestWithParam<Problem> {};
+class AgainstFp32 : public ::testing::TestWithParam<std::tuple<Precision, Problem>> {};
 
-TEST_P(Bf16AgainstFp32, WithinTheRoundingBound) {
-    const Problem &p = GetParam();
+TEST_P(AgainstFp32, WithinTheRoundingBound) {
+    const auto &[precision, p] = GetParam();
     const LayerData d(p);
-    ATTN_SKIP_WITHOUT_BF16(d);
+    ATTN_SKIP_WITHOUT(precision, d);
     Config fp32 = p.config();
     const auto exact = reference::attention_layer<double>(fp32, d.weights(), d.inputs());
     const auto plain = reference::attention_layer<float>(fp32, d.weights(), d.inputs());
-    const std::vector<double> bound = fp32_bound(p, d, exact);
+    const std::vector<double> bound = fp32_bound(p, d, exact, precision);
     double f32_error = 0;
     for (std::size_t i = 0; i < exact.y.size(); ++i)
         f32_error = std::max(f32_error, std::abs(double(plain.y[i]) - exact.y[i]));
-    for (const VariantInfo *v : bf16_variants()) {
+    for (const VariantInfo *v : precision_variants(precision)) {
         if (!v->runnable) continue;
         GuardedOutput y({p.batch, p.s_q, p.hidden});
-        Attention(bf16_config(p, true), d.weights(), v->name).forward(d.inputs(), y.view());
+        Attention(reduced_config(p, precision, true), d.weights(), v->name).forward(d.inputs(), y.view());
         double worst = 0, worst_bound = 0, largest_ratio = 0;
         std::size_t at = 0;
         for (std::size_t i = 0; i < exact.y.size(); ++i) {
@@ -244,7 +327,7 @@ TEST_P(Bf16AgainstFp32, WithinTheRoundingBound) {
             const double allowed = bound[i] + 2 * f32_error + kAbsoluteFloor;
             if (error / allowed > largest_ratio) largest_ratio = error / allowed, worst = error, worst_bound = allowed, at = i;
         }
-        std::cout << "[ BF16     ] " << v->name << " " << p.name() << ": largest error against fp32 " << worst
+        std::cout << "[ " << precision_name(precision) << "     ] " << v->name << " " << p.name() << ": largest error against fp32 " << worst
                   << " where the bound is " << worst_bound << " (" << largest_ratio << " of it), at " << at << "\n";
         EXPECT_LE(largest_ratio, 1.0) << v->name << ": error " << worst << " > bound " << worst_bound << " at " << at;
         EXPECT_TRUE(y.guards_intact()) << v->name;
@@ -257,8 +340,13 @@ std::vector<Problem> against_fp32_problems() {
     return {small(), small(true), minilm};
 }
 
-INSTANTIATE_TEST_SUITE_P(Problems, Bf16AgainstFp32, ::testing::ValuesIn(against_fp32_problems()),
-                         [](const ::testing::TestParamInfo<Problem> &info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Problems, AgainstFp32,
+                         ::testing::Combine(::testing::Values(Precision::bf16, Precision::int8),
+                                            ::testing::ValuesIn(against_fp32_problems())),
+                         [](const ::testing::TestParamInfo<std::tuple<Precision, Problem>> &info) {
+                             return std::string(precision_name(std::get<0>(info.param))) + "_" +
+                                    std::get<1>(info.param).name();
+                         });
 
 }  // namespace
 }  // namespace attn::testing

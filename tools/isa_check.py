@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """The instructions a reduced-precision function compiles to, checked in its object file, as
 Halide's own simd_op_check does: every bf16 function (manifest.json: precision) built for an
-ISA with avx512bf16 must use vdpbf16ps, in every projection's register tile; one built for an
-ISA without it (the storage-only fallback) must use none, and no AVX-512 register either, so
-that it runs where AVX-512 does not.
+ISA with avx512bf16 must use vdpbf16ps, and every int8 one built for an ISA with avx512vnni
+vpdpbusd, in every projection's register tile; one built for an ISA without the feature (the
+fallback) must use none, and no AVX-512 register either, so that it runs where AVX-512 does not.
 
-    python3 tools/isa_check.py --build build/release          # every bf16 object this build made
+    python3 tools/isa_check.py --build build/release          # every bf16 and int8 object this build made
     python3 tools/isa_check.py --build build/release --show   # and the counts per object
 
 Exits 1 naming each object that breaks the rule, 0 when all hold (and when the build made none:
@@ -20,7 +20,9 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import manifest  # noqa: E402
 
-NATIVE_FEATURE = "avx512bf16"  # what vdpbf16ps needs (manifest.json's cpu_features name)
+# Per reduced precision: the instruction of its products, and the CPU feature it needs
+# (manifest.json's cpu_features name).
+INSTRUCTIONS = {"bf16": ("vdpbf16ps", "avx512bf16"), "int8": ("vpdpbusd", "avx512vnni")}
 # Each of the four projections' register tiles is at least one tile of rows × vectors.
 PROJECTIONS = 4
 
@@ -32,24 +34,26 @@ def count(disassembly, pattern):
 def check(m, build, arch, show):
     failures, checked = [], 0
     for lib in m.aot_libraries(arch):
-        if m.precision(lib["function"]) != "bf16":
+        precision = m.precision(lib["function"])
+        if precision not in INSTRUCTIONS:
             continue
+        instruction, feature = INSTRUCTIONS[precision]
         path = pathlib.Path(build) / f"{lib['name']}.o"
         if not path.exists():
             continue  # not made by this build (ATTN_ONLY_VARIANTS, or prebuilt kernels)
         text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(path)], capture_output=True, text=True,
                               check=True).stdout
-        dot, zmm = count(text, r"\bvdpbf16ps\b"), count(text, r"%zmm\d+")
-        native = NATIVE_FEATURE in m.isas[lib["isa"]]["cpu_features"]
+        dot, zmm = count(text, rf"\b{instruction}\b"), count(text, r"%zmm\d+")
+        native = feature in m.isas[lib["isa"]]["cpu_features"]
         checked += 1
         if show:
-            print(f"{lib['name']}: {dot} vdpbf16ps, {zmm} zmm operands ({'native' if native else 'storage only'})")
+            print(f"{lib['name']}: {dot} {instruction}, {zmm} zmm operands ({'native' if native else 'fallback'})")
         if native and dot < PROJECTIONS:
-            failures.append(f"{path.name}: {dot} vdpbf16ps, expected at least {PROJECTIONS} (one per projection) on "
-                            f"{lib['isa']}, which has {NATIVE_FEATURE}")
+            failures.append(f"{path.name}: {dot} {instruction}, expected at least {PROJECTIONS} (one per projection) "
+                            f"on {lib['isa']}, which has {feature}")
         if not native and (dot or (zmm and "avx512f" not in m.isas[lib["isa"]]["cpu_features"])):
-            failures.append(f"{path.name}: {dot} vdpbf16ps and {zmm} zmm operands on {lib['isa']}, which has "
-                            f"neither {NATIVE_FEATURE} nor, unless listed, AVX-512")
+            failures.append(f"{path.name}: {dot} {instruction} and {zmm} zmm operands on {lib['isa']}, which has "
+                            f"neither {feature} nor, unless listed, AVX-512")
     return checked, failures
 
 
@@ -62,7 +66,7 @@ def main():
     checked, failures = check(manifest.load(), args.build, args.arch, args.show)
     for f in failures:
         print(f"isa_check: {f}")
-    print(f"isa_check: {checked} bf16 object(s) checked, {len(failures)} failing"
+    print(f"isa_check: {checked} bf16 and int8 object(s) checked, {len(failures)} failing"
           + ("" if checked else " (this build made none)"))
     return 1 if failures else 0
 

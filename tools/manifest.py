@@ -34,7 +34,7 @@ SOURCE_KINDS = ["hand-written", "tuned", "frozen", "in-process"]
 # and JIT-compiled at gpu_max_registers' count; the autoschedulers' at autoscheduled_count.
 OWN_KINDS = ("hand-written", "tuned")
 # The precisions of a function's GEMM operands (DESIGN.md, "Reduced precision"), as attn::Precision lists them.
-PRECISIONS = ["fp32", "bf16"]
+PRECISIONS = ["fp32", "bf16", "int8"]
 
 # The fused layer's functions come from this generator; every other generator is one stage's.
 LAYER_GENERATOR = "attention_layer"
@@ -387,7 +387,7 @@ struct Function {{
     Names params;  // its own generator parameters, key=value
     Names arguments, manual_parameters;
     bool fused_layer;  // of the fused layer's generator; else a stage, or the attention core
-    const char *precision;  // of its GEMMs' operands: "fp32" or "bf16" (attn::Precision)
+    const char *precision;  // of its GEMMs' operands: "fp32", "bf16" or "int8" (attn::Precision)
 }};
 inline constexpr Function kFunctions[] = {{
 {functions}}};

@@ -329,6 +329,10 @@ def _right_padded(mask):
     return bool((m[:, 1:] <= m[:, :-1]).all())
 
 
+# The projections' precisions (attn::Precision).
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
 class AttentionLayer:
     """The fused BERT self-attention layer: LayerNorm(x + (softmax(QK^T/sqrt(d) + masks) V) W_o^T + b_o).
 
@@ -340,7 +344,10 @@ class AttentionLayer:
     matrices rounded to bf16 once, here (so later changes to them are not seen), the inputs of
     each projection rounded as they enter, f32 sums. It runs on a CPU with avx512bf16, or,
     with allow_storage_only=True, as bf16 storage with f32 arithmetic elsewhere; without
-    probabilities.
+    probabilities. precision="int8" computes them in int8 (attn::Precision::int8): the weight
+    matrices quantized once, here, per output feature, the inputs of each projection quantized
+    to u8 per token as they enter, i32 sums dequantized in f32; on a CPU with avx512vnni, or,
+    with allow_storage_only=True, without vpdpbusd elsewhere (the same results, slower).
 
     torch.bfloat16 tensors (a model in bf16) are taken too, in either precision: the weights
     widened once, here, to float32 copies (so later changes to them are not seen; with
@@ -365,8 +372,8 @@ class AttentionLayer:
         self.weights = {name: _contiguous(w) for name, w in weights.items()}
         self.hidden_size, self.num_heads = hidden, num_heads
         self.layer_norm_eps, self.causal = float(layer_norm_eps), bool(causal)
-        if precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision: expected 'fp32' or 'bf16', got {precision!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision: expected one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
         self.precision = precision
         self._layer = _call({"hidden_size": "w_q", "layer_norm_eps": "layer_norm_eps"}, _attn.Layer, hidden,
                             num_heads, self.layer_norm_eps, self.causal, self.weights,
@@ -377,7 +384,7 @@ class AttentionLayer:
             from . import _torch_ops
             _torch_ops.remember(self)
         # Padded batches skip their padding through the packed function, where the variant has it.
-        packed = "attention_layer_packed" + ("_bf16" if precision == "bf16" else "")
+        packed = "attention_layer_packed" + ("" if precision == "fp32" else "_" + precision)
         self._skips_padding = packed in self._layer.variant["functions"]
 
     @classmethod

@@ -27,43 +27,45 @@ void synchronize(const VariantInfo &variant) {
 
 namespace {
 
-std::string bf16_variant_names() {
+std::string variant_names(const ReducedPrecision &p) {
     std::string names;
-    for (const VariantInfo *v : bf16_variants())
-        names += (names.empty() ? "" : ", ") + v->name + (computes_bf16(*v) ? "" : " (storage only)");
+    for (const VariantInfo *v : precision_variants(p.precision))
+        names += (names.empty() ? "" : ", ") + v->name + (computes_natively(*v, p.precision) ? "" : " (without " + std::string(p.cpu_feature) + ")");
     return names.empty() ? "none in this build" : names;
 }
 
-// The variant of a bf16 layer (attn::Attention's constructor says which).
-const VariantInfo &bf16_variant(const Config &config, const std::string &name) {
-    const std::string storage_only = "set config.allow_storage_only to run bf16 storage with f32 arithmetic";
+// The variant of a bf16 or int8 layer (attn::Attention's constructor says which).
+const VariantInfo &reduced_variant(const Config &config, const std::string &name) {
+    const ReducedPrecision &p = reduced_precision(config.precision);
+    const std::string precision = p.name;
+    const std::string allow = "set config.allow_storage_only to " + std::string(p.without_feature);
     if (!name.empty()) {
         const VariantInfo &v = select_variant(name);
-        const std::vector<const VariantInfo *> with = bf16_variants();
+        const std::vector<const VariantInfo *> with = precision_variants(p.precision);
         if (std::none_of(with.begin(), with.end(), [&](const VariantInfo *w) { return w->name == name; }))
-            throw Error("variant", "'" + name + "' has no bf16 layer (precision bf16): it does not provide " +
-                                       detail::kBf16Layer + " and does not provide " + detail::kBf16PackedLayer +
-                                       "; the variants that do: " + bf16_variant_names());
-        if (!computes_bf16(v) && !config.allow_storage_only)
-            throw Error("precision", "bf16 on '" + name + "' would only store bf16 and compute in f32 (its ISA, " +
-                                                v.isa + ", has no avx512bf16); " + storage_only);
+            throw Error("variant", "'" + name + "' has no " + precision + " layer (precision " + precision +
+                                       "): it does not provide " + p.layer + " and does not provide " +
+                                       p.packed_layer + "; the variants that do: " + variant_names(p));
+        if (!computes_natively(v, p.precision) && !config.allow_storage_only)
+            throw Error("precision", precision + " on '" + name + "' would " + p.without_feature + " (its ISA, " +
+                                         v.isa + ", has no " + p.cpu_feature + "); " + allow);
         return v;
     }
-    const VariantInfo *computes = nullptr, *stores = nullptr;
+    const VariantInfo *native = nullptr, *without = nullptr;
     std::string missing;
-    for (const VariantInfo *v : bf16_variants()) {
+    for (const VariantInfo *v : precision_variants(p.precision)) {
         if (v->runnable) {
-            (computes_bf16(*v) ? computes : stores) = v;  // the last: of the widest ISA
-        } else if (computes_bf16(*v)) {
+            (computes_natively(*v, p.precision) ? native : without) = v;  // the last: of the widest ISA
+        } else if (computes_natively(*v, p.precision)) {
             missing = " (" + v->name + ": " + v->not_runnable_reason + ")";
         }
     }
-    if (computes) return *computes;
-    if (stores && config.allow_storage_only) return *stores;
-    throw Error("precision", "bf16 needs the CPU feature avx512bf16 to compute in bf16, and no bf16 variant that "
-                                    "does can run here" + missing + "; " +
-                                    (stores ? storage_only + " (" + stores->name + ")" : "the variants with bf16: " +
-                                                                                           bf16_variant_names()));
+    if (native) return *native;
+    if (without && config.allow_storage_only) return *without;
+    throw Error("precision", precision + " needs the CPU feature " + p.cpu_feature + " to compute in " + precision +
+                                 ", and no " + precision + " variant that does can run here" + missing + "; " +
+                                 (without ? allow + " (" + without->name + ")"
+                                          : "the variants with " + precision + ": " + variant_names(p)));
 }
 
 }  // namespace
@@ -72,9 +74,9 @@ Attention::Attention(Config config, LayerWeights weights, const std::string &var
     : config_(config), weights_(weights), variant_(nullptr) {
     check_config(config_, true);
     check_weights(config_, weights_, true, true);
-    if (config_.precision == Precision::bf16) {
-        variant_ = &bf16_variant(config_, variant);
-        bf16_weights_ = std::make_shared<detail::Bf16Weights>(weights_, *variant_);
+    if (config_.precision != Precision::fp32) {
+        variant_ = &reduced_variant(config_, variant);
+        reduced_weights_ = std::make_shared<detail::ReducedWeights>(weights_, *variant_, config_.precision);
         return;
     }
     variant_ = &select_variant(variant);
@@ -99,8 +101,9 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     }
     check_tensor("y", y, {batch, s_q, hidden}, "[B, S_q, H]");
     const bool want_probs = !probs.empty();
-    if (want_probs && bf16_weights_)
-        throw Error("probs", "a bf16 layer (config.precision) has no probabilities output; pass none, or use fp32");
+    if (want_probs && reduced_weights_)
+        throw Error("probs", std::string("a ") + precision_name(config_.precision) +
+                                 " layer (config.precision) has no probabilities output; pass none, or use fp32");
     if (want_probs) check_tensor("probs", probs, {batch, heads, s_q, s_k}, "[B, heads, S_q, S_k]");
     for (const ConstTensor *input : {&in.x, &in.kv, &in.bias}) {
         if (overlaps(y, *input)) throw Error("y", "must not overlap an input buffer");
@@ -124,10 +127,12 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     auto y_buffer = pipeline::halide_view(y);
     Halide::Runtime::Buffer<float> probs_buffer;
     if (want_probs) probs_buffer = pipeline::halide_view(probs);
-    pipeline::Call call(want_probs ? "attention_layer_probs" : bf16_weights_ ? detail::kBf16Layer : "attention_layer",
+    pipeline::Call call(want_probs        ? "attention_layer_probs"
+                        : reduced_weights_ ? reduced_precision(config_.precision).layer
+                                           : "attention_layer",
                         *variant_, pipeline::extents(batch, s_q, s_k, heads, hidden));
-    if (bf16_weights_) {
-        call.weights(w, *bf16_weights_);
+    if (reduced_weights_) {
+        call.weights(w, *reduced_weights_);
     } else {
         call.weights(w, uploaded != nullptr);
     }
@@ -175,7 +180,7 @@ detail::FunctionCall detail::layer_call(bool with_probs, Precision precision) {
         const Config config = config_of(c);
         auto exact = reference::attention_layer<double>(config, in.weights, inputs);
         auto float32 = reference::attention_layer<float>(config, in.weights, inputs);
-        const double allowance = reference::bf16_context_allowance(config, in.weights, inputs, exact, float32);
+        const double allowance = reference::context_allowance(config, in.weights, inputs, exact, float32);
         CallReference r = layer_reference(std::move(exact), std::move(float32), with_probs);
         r.allowance[0] = allowance;
         return r;

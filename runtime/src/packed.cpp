@@ -85,8 +85,9 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     if (y.shape != xs) throw Error("y", "expected shape [T, H] = " + str(xs) + ", got " + str(y.shape));
     if (tokens > 0) check_tensor("y", y, xs, "[T, H]");
     const bool want_probs = !probs.empty();
-    if (want_probs && bf16_weights_)
-        throw Error("probs", "a bf16 layer (config.precision) has no probabilities output; pass none, or use fp32");
+    if (want_probs && reduced_weights_)
+        throw Error("probs", std::string("a ") + precision_name(config_.precision) +
+                                 " layer (config.precision) has no probabilities output; pass none, or use fp32");
     if (want_probs) {
         check_tensor("probs", probs, {probs_elements(lengths, heads)}, "[sum over sequences of heads * L_b^2]");
         check_host("probs", probs, "each sequence's probabilities are gathered on the host");
@@ -127,11 +128,11 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
         uploaded ? uploaded->weights
                  : *(host_weights = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
     pipeline::Call call(want_probs       ? "attention_layer_packed_probs"
-                        : bf16_weights_ ? detail::kBf16PackedLayer
+                        : reduced_weights_ ? reduced_precision(config_.precision).packed_layer
                                         : "attention_layer_packed",
                         *variant_, pipeline::extents(batch, longest, longest, heads, hidden));
-    if (bf16_weights_) {
-        call.weights(w, *bf16_weights_);
+    if (reduced_weights_) {
+        call.weights(w, *reduced_weights_);
     } else {
         call.weights(w, uploaded != nullptr);
     }
@@ -214,7 +215,7 @@ detail::FunctionCall detail::packed_layer_call(bool with_probs, Precision precis
         const PackedInputs inputs = packed_inputs(c, in);
         const Config config = config_of(c);
         auto exact = reference::attention_layer_packed<double>(config, in.weights, inputs);
-        const double allowance = exact.bf16_allowance;
+        const double allowance = exact.allowance;
         CallReference r = layer_reference(std::move(exact),
                                           reference::attention_layer_packed<float>(config, in.weights, inputs),
                                           with_probs);

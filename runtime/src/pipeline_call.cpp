@@ -194,10 +194,11 @@ Call &Call::weights(WeightBuffers &w, bool uploaded) {
     return *this;
 }
 
-Call &Call::weights(WeightBuffers &w, detail::Bf16Weights &bf16) {
+Call &Call::weights(WeightBuffers &w, detail::ReducedWeights &reduced) {
     w.drop_matrices();
     weights(w, false);
-    for (detail::Bf16Weights::Matrix &m : bf16.matrices) input(m.name, m.buffer, Memory::host);
+    for (detail::ReducedWeights::Matrix &m : reduced.matrices) input(m.name, m.buffer, Memory::host);
+    if (reduced.weight_scales.data()) input("weight_scales", reduced.weight_scales, Memory::host);
     return *this;
 }
 
@@ -256,22 +257,40 @@ DeviceWeights::DeviceWeights(const LayerWeights &w, const VariantInfo &variant) 
 
 namespace attn::detail {
 
-Bf16Weights::Bf16Weights(const LayerWeights &w, const VariantInfo &variant) {
+ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant, Precision precision) {
+    const bool int8 = precision == Precision::int8;
     matrices.reserve(4);
+    int64_t hidden = 0;
     for (const validation::WeightArgument &a : validation::kWeightArguments) {
         const ConstTensor &t = w.*a.tensor;
         if (t.shape.size() != 2) continue;
-        if (t.memory == Memory::device) pipeline::check_cuda_variant(a.name, variant);  // refused: bf16 is a CPU's
+        // refused: bf16 and int8 are a CPU's
+        if (t.memory == Memory::device) pipeline::check_cuda_variant(a.name, variant);
         Matrix &m = matrices.emplace_back();
         m.name = a.name;
         const int64_t out = t.shape[0], in = t.shape[1];
-        m.bits.resize(std::size_t(out * in));
-        for (int64_t o = 0; o < out; ++o)
-            for (int64_t i = 0; i < in; ++i) m.bits[std::size_t(i * out + o)] = bf16_bits(t.data[o * in + i]);
+        hidden = out;
+        const std::size_t size = int8 ? 1 : 2;
+        m.bytes.resize(std::size_t(out * in) * size);
+        if (int8) {
+            const Int8Weight q = quantize_int8(t);
+            for (int64_t o = 0; o < out; ++o)
+                for (int64_t i = 0; i < in; ++i) m.bytes[std::size_t(i * out + o)] = uint8_t(q.values[std::size_t(o * in + i)]);
+            // weight_scales (out, quantity, projection): this matrix's is projection matrices.size() - 1.
+            scales.resize(std::size_t(out) * 2 * matrices.size());
+            float *own = scales.data() + std::size_t(out) * 2 * (matrices.size() - 1);
+            for (int64_t o = 0; o < out; ++o) own[o] = q.scales[std::size_t(o)], own[out + o] = float(q.sums[std::size_t(o)]);
+        } else {
+            auto *bits = reinterpret_cast<uint16_t *>(m.bytes.data());
+            for (int64_t o = 0; o < out; ++o)
+                for (int64_t i = 0; i < in; ++i) bits[std::size_t(i * out + o)] = bf16_bits(t.data[o * in + i]);
+        }
         // [H_in, H_out]: (out, in) in Halide's order.
         halide_dimension_t dims[2] = {{0, int32_t(out), 1}, {0, int32_t(in), int32_t(out)}};
-        m.buffer = Halide::Runtime::Buffer<void>(halide_type_t(halide_type_bfloat, 16), m.bits.data(), 2, dims);
+        const halide_type_t type = int8 ? halide_type_t(halide_type_int, 8) : halide_type_t(halide_type_bfloat, 16);
+        m.buffer = Halide::Runtime::Buffer<void>(type, m.bytes.data(), 2, dims);
     }
+    if (int8) weight_scales = Halide::Runtime::Buffer<float>(scales.data(), int32_t(hidden), 2, int32_t(matrices.size()));
 }
 
 }  // namespace attn::detail

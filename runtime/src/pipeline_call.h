@@ -16,7 +16,7 @@
 #include <vector>
 
 namespace attn::detail {
-struct Bf16Weights;
+struct ReducedWeights;
 }
 
 namespace attn::pipeline {
@@ -92,7 +92,7 @@ struct WeightBuffers {
     };
     std::vector<Weight> weights;
     WeightBuffers(const LayerWeights &w, bool projections, bool output);
-    // Leaves out the matrices (a bf16 call binds its own: detail::Bf16Weights).
+    // Leaves out the matrices (a bf16 or int8 call binds its own: detail::ReducedWeights).
     void drop_matrices();
 };
 
@@ -129,9 +129,10 @@ public:
     // A buffer already where the variant reads it (a GPU variant's uploaded weights).
     Call &placed(const char *name, halide_buffer_t *buffer) { return bind(name, buffer); }
     // The weights; `uploaded` ones (an Attention's on a GPU) are passed as they are. A bf16
-    // layer's matrices are its Bf16Weights' (bf16), the rest the caller's.
+    // or int8 layer's matrices (and int8's weight_scales) are its ReducedWeights', the rest
+    // the caller's.
     Call &weights(WeightBuffers &w, bool uploaded);
-    Call &weights(WeightBuffers &w, detail::Bf16Weights &bf16);
+    Call &weights(WeightBuffers &w, detail::ReducedWeights &reduced);
     // Outputs in host memory are copied back when a GPU variant's call returns.
     template <typename T>
     Call &output(const char *name, Halide::Runtime::Buffer<T> &buffer, Memory memory) {
@@ -175,18 +176,22 @@ struct DeviceWeights {
     DeviceWeights(const LayerWeights &w, const VariantInfo &variant);
 };
 
-// A bf16 Attention's four matrices (Precision::bf16), rounded to bf16 once (attn::bf16_bits)
-// from host memory and held here transposed, [H_in, H_out], the layout the bf16 layer reads
-// (generators/layer_generator.cpp: layer_weights), as Halide bfloat16 buffers.
-struct Bf16Weights {
+// A bf16 or int8 Attention's four matrices (Precision::bf16, int8), rounded to bf16
+// (attn::bf16_bits) or quantized to int8 (attn::quantize_int8) once, from host memory, and
+// held here transposed, [H_in, H_out], the layout the reduced-precision layer reads
+// (generators/layer_generator.cpp: layer_weights), as Halide bfloat16 or int8 buffers;
+// int8 adds weight_scales, [4, 2, H]: each matrix's (q, k, v, o) scales and sums.
+struct ReducedWeights {
     struct Matrix {
         const char *name;
-        std::vector<uint16_t> bits;
-        Halide::Runtime::Buffer<void> buffer;  // over bits
+        std::vector<uint8_t> bytes;
+        Halide::Runtime::Buffer<void> buffer;  // over bytes
     };
     std::vector<Matrix> matrices;
-    Bf16Weights(const LayerWeights &w, const VariantInfo &variant);
-    Bf16Weights(const Bf16Weights &) = delete;
-    Bf16Weights &operator=(const Bf16Weights &) = delete;
+    std::vector<float> scales;             // int8: weight_scales' data
+    Halide::Runtime::Buffer<float> weight_scales;  // int8: over scales
+    ReducedWeights(const LayerWeights &w, const VariantInfo &variant, Precision precision);
+    ReducedWeights(const ReducedWeights &) = delete;
+    ReducedWeights &operator=(const ReducedWeights &) = delete;
 };
 }  // namespace attn::detail

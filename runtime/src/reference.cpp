@@ -27,6 +27,43 @@ float round_to_bf16(float f) {
     return out;
 }
 
+Int8Weight quantize_int8(const ConstTensor &weight) {
+    const int64_t out = weight.shape.at(0), in = weight.shape.at(1);
+    Int8Weight q;
+    q.values.resize(std::size_t(out * in));
+    q.scales.resize(std::size_t(out));
+    q.sums.resize(std::size_t(out));
+    for (int64_t o = 0; o < out; ++o) {
+        const float *row = weight.data + o * in;
+        float largest = 0;
+        for (int64_t i = 0; i < in; ++i) largest = std::max(largest, std::abs(row[i]));
+        const float scale = largest > 0 ? largest / 127.0f : 1.0f;
+        int32_t sum = 0;
+        for (int64_t i = 0; i < in; ++i) {
+            const auto v = int8_t(std::clamp(std::nearbyint(row[i] / scale), -127.0f, 127.0f));
+            q.values[std::size_t(o * in + i)] = v;
+            sum += v;
+        }
+        q.scales[std::size_t(o)] = scale;
+        q.sums[std::size_t(o)] = sum;
+    }
+    return q;
+}
+
+// As attn_gen::quantized_to_u8 computes it, operation for operation in f32.
+QuantizedRow quantize_row_u8(const float *x, int64_t size, uint8_t *values) {
+    float low = 0, high = 0;
+    for (int64_t i = 0; i < size; ++i) low = std::min(low, x[i]), high = std::max(high, x[i]);
+    const float range = high - low;
+    const float inverse_step = range > 0 ? 255.0f / range : 1.0f;
+    QuantizedRow row;
+    row.step = range > 0 ? range / 255.0f : 1.0f;
+    row.zero = std::clamp(int32_t(std::nearbyint(-low * inverse_step)), 0, 255);
+    for (int64_t i = 0; i < size; ++i)
+        values[i] = uint8_t(std::clamp(int32_t(std::nearbyint(x[i] * inverse_step)) + row.zero, 0, 255));
+    return row;
+}
+
 }  // namespace attn
 
 namespace attn::reference {
@@ -149,23 +186,40 @@ std::vector<T> output_layernorm(const Config &config, Sizes sz, const std::vecto
 }
 
 namespace {
-// A GEMM's input in the layer's precision: itself, or each value rounded to bf16.
+// A GEMM's input in the layer's precision, rows of `features` values: itself; each value
+// rounded to bf16; or each row quantized to u8 (from its f32 values) and dequantized.
 template <typename T>
-std::vector<T> gemm_input(const Config &config, std::vector<T> values) {
+std::vector<T> gemm_input(const Config &config, std::vector<T> values, int64_t features) {
     if (config.precision == Precision::bf16) {
         for (T &v : values) v = T(round_to_bf16(float(v)));
+    } else if (config.precision == Precision::int8) {
+        std::vector<float> row(static_cast<std::size_t>(features));
+        std::vector<uint8_t> q(static_cast<std::size_t>(features));
+        for (std::size_t start = 0; start < values.size(); start += std::size_t(features)) {
+            for (int64_t i = 0; i < features; ++i) row[std::size_t(i)] = float(values[start + std::size_t(i)]);
+            const QuantizedRow r = quantize_row_u8(row.data(), features, q.data());
+            for (int64_t i = 0; i < features; ++i)
+                values[start + std::size_t(i)] = T(r.step) * T(int32_t(q[std::size_t(i)]) - r.zero);
+        }
     }
     return values;
 }
 
 // The layer's weights in its precision: the caller's, or the four matrices rounded to bf16
-// (held in `rounded`).
+// or quantized to int8 and dequantized (scale · value, in f32), held in `rounded`.
 LayerWeights gemm_weights(const Config &config, const LayerWeights &w, std::vector<std::vector<float>> &rounded) {
     if (config.precision == Precision::fp32) return w;
     LayerWeights out = w;
     for (ConstTensor LayerWeights::*m : {&LayerWeights::w_q, &LayerWeights::w_k, &LayerWeights::w_v, &LayerWeights::w_o}) {
         const ConstTensor &t = w.*m;
-        rounded.push_back(gemm_input(config, std::vector<float>(t.data, t.data + element_count_of(t))));
+        if (config.precision == Precision::int8) {
+            const Int8Weight q = quantize_int8(t);
+            const int64_t in = t.shape[1];
+            std::vector<float> &d = rounded.emplace_back(q.values.size());
+            for (std::size_t i = 0; i < d.size(); ++i) d[i] = q.scales[i / std::size_t(in)] * float(q.values[i]);
+        } else {
+            rounded.push_back(gemm_input(config, std::vector<float>(t.data, t.data + element_count_of(t)), 1));
+        }
         out.*m = ConstTensor{rounded.back().data(), rounded.back().size(), t.shape};
     }
     return out;
@@ -180,7 +234,8 @@ LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &given,
     rounded.reserve(4);
     const LayerWeights w = gemm_weights(config, given, rounded);
     const std::vector<T> x = widen<T>(in.x), kv = cross ? widen<T>(in.kv) : x;
-    const std::vector<T> x_in = gemm_input(config, x), kv_in = gemm_input(config, kv);
+    const int64_t H = config.hidden_size;
+    const std::vector<T> x_in = gemm_input(config, x, H), kv_in = gemm_input(config, kv, H);
     LayerOutputs<T> out;
     out.q = linear(x_in, sz.batch * sz.s_q, w.w_q, w.b_q);
     out.k = linear(kv_in, sz.batch * sz.s_k, w.w_k, w.b_k);
@@ -188,7 +243,7 @@ LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &given,
     out.scores = attention_scores(config, sz, out.q, out.k, in.bias);
     out.probs = masked_softmax(config, sz, out.scores, in.key_padding_mask);
     out.ctx = weighted_sum(config, sz, out.probs, out.v);
-    out.y = output_layernorm(config, sz, gemm_input(config, out.ctx), x, w);
+    out.y = output_layernorm(config, sz, gemm_input(config, out.ctx, H), x, w);
     return out;
 }
 
@@ -216,9 +271,8 @@ PackedOutputs<T> attention_layer_packed(const Config &config, const LayerWeights
         const LayerOutputs<T> dense = attention_layer<T>(config, w, one);
         if constexpr (std::is_same_v<T, double>) {
             if (config.precision != Precision::fp32) {
-                out.bf16_allowance = std::max(out.bf16_allowance,
-                                              bf16_context_allowance(config, w, one, dense,
-                                                                     attention_layer<float>(config, w, one)));
+                out.allowance = std::max(out.allowance, context_allowance(config, w, one, dense,
+                                                                          attention_layer<float>(config, w, one)));
             }
         }
         out.y.insert(out.y.end(), dense.y.begin(), dense.y.end());
@@ -243,9 +297,10 @@ ATTN_INSTANTIATE(float)
 ATTN_INSTANTIATE(double)
 #undef ATTN_INSTANTIATE
 
-double bf16_context_allowance(const Config &config, const LayerWeights &given, const AttentionInputs &inputs,
-                              const LayerOutputs<double> &exact, const LayerOutputs<float> &float32) {
+double context_allowance(const Config &config, const LayerWeights &given, const AttentionInputs &inputs,
+                         const LayerOutputs<double> &exact, const LayerOutputs<float> &float32) {
     if (config.precision == Precision::fp32) return 0;
+    const bool int8 = config.precision == Precision::int8;
     std::vector<std::vector<float>> rounded;
     const LayerWeights w = gemm_weights(config, given, rounded);
     const int64_t H = config.hidden_size, rows = int64_t(exact.ctx.size()) / H;
@@ -253,26 +308,61 @@ double bf16_context_allowance(const Config &config, const LayerWeights &given, c
     for (double v : exact.v) max_v = std::max(max_v, std::abs(v));
     double allowance = 0;
     std::vector<double> shift(static_cast<std::size_t>(H)), z(static_cast<std::size_t>(H));
+    std::vector<float> row(static_cast<std::size_t>(H));
+    std::vector<uint8_t> values(static_cast<std::size_t>(H));
+    const std::vector<double> ctx_in = gemm_input(config, exact.ctx, H);  // as the exact reference's projection reads it
     for (int64_t r = 0; r < rows; ++r) {
         std::fill(shift.begin(), shift.end(), 0.0);
-        for (int64_t e = 0; e < H; ++e) {
-            const double c = exact.ctx[r * H + e];
-            if (c == 0) continue;  // (a zero context, a fully masked row's, is exact)
-            const double eta = 2 * std::abs(double(float32.ctx[r * H + e]) - c) + 4e-6 * max_v;
-            // The midpoint between the bf16 neighbours of c: the one toward zero plus half an ulp.
-            const double ulp = std::ldexp(1.0, std::ilogb(c) - 7);
-            const double toward_zero = std::trunc(c / ulp) * ulp;
-            if (std::abs(c - (toward_zero + std::copysign(ulp / 2, c))) >= eta) continue;
-            for (int64_t o = 0; o < H; ++o) shift[o] += ulp * std::abs(double(w.w_o.data[o * H + e]));
+        // η: how far an implementation's context element may lie from the exact one.
+        auto eta_of = [&](int64_t e) {
+            return 2 * std::abs(double(float32.ctx[r * H + e]) - exact.ctx[r * H + e]) + 4e-6 * max_v;
+        };
+        if (int8) {
+            // The row's quantization (QuantizedRows): an element moves to the other side of a
+            // rounding midpoint of c · inverse_step when its own error or the range's (low and
+            // high each move by at most max η, so inverse_step by a relative 2·max η / range)
+            // carries it there; it then moves z by one step times |W_o|. The step itself moves
+            // z by that relative change; a zero point near a midpoint moves the clamped ends.
+            for (int64_t e = 0; e < H; ++e) row[std::size_t(e)] = float(exact.ctx[r * H + e]);
+            const QuantizedRow q = quantize_row_u8(row.data(), H, values.data());
+            double eta_max = 0, low = 0, high = 0;
+            for (int64_t e = 0; e < H; ++e) {
+                eta_max = std::max(eta_max, eta_of(e));
+                low = std::min(low, double(row[std::size_t(e)])), high = std::max(high, double(row[std::size_t(e)]));
+            }
+            if (high == low) continue;
+            const double inverse_step = 255.0 / (high - low), relative = 2 * eta_max / (high - low);
+            auto near_midpoint = [](double t, double window) { return std::abs(t - std::floor(t) - 0.5) < window; };
+            const bool zero_moves = near_midpoint(-low * inverse_step, -low * inverse_step * relative + eta_max * inverse_step);
+            for (int64_t e = 0; e < H; ++e) {
+                const double t = exact.ctx[r * H + e] * inverse_step;
+                const bool end = values[std::size_t(e)] == 0 || values[std::size_t(e)] == 255;
+                if (!near_midpoint(t, eta_of(e) * inverse_step + std::abs(t) * relative) && !(zero_moves && end)) continue;
+                for (int64_t o = 0; o < H; ++o) shift[o] += double(q.step) * std::abs(double(w.w_o.data[o * H + e]));
+            }
+            for (int64_t o = 0; o < H; ++o) {
+                double projection = 0;
+                for (int64_t e = 0; e < H; ++e) projection += ctx_in[r * H + e] * double(w.w_o.data[o * H + e]);
+                shift[o] += relative * std::abs(projection);
+            }
+        } else {
+            for (int64_t e = 0; e < H; ++e) {
+                const double c = exact.ctx[r * H + e];
+                if (c == 0) continue;  // (a zero context, a fully masked row's, is exact)
+                // The midpoint between the bf16 neighbours of c: the one toward zero plus half an ulp.
+                const double ulp = std::ldexp(1.0, std::ilogb(c) - 7);
+                const double toward_zero = std::trunc(c / ulp) * ulp;
+                if (std::abs(c - (toward_zero + std::copysign(ulp / 2, c))) >= eta_of(e)) continue;
+                for (int64_t o = 0; o < H; ++o) shift[o] += ulp * std::abs(double(w.w_o.data[o * H + e]));
+            }
         }
         const double largest = *std::max_element(shift.begin(), shift.end());
         if (largest == 0) continue;
-        // σ of the row's LayerNorm input z = x + round(ctx)·W_oᵀ + b_o.
+        // σ of the row's LayerNorm input z = x + ctx as projected (rounded or quantized)·W_oᵀ + b_o.
         double mean = 0, var = 0;
         for (int64_t o = 0; o < H; ++o) {
             double acc = double(inputs.x.data[r * H + o]) + double(w.b_o.data[o]);
-            for (int64_t e = 0; e < H; ++e)
-                acc += double(round_to_bf16(float(exact.ctx[r * H + e]))) * double(w.w_o.data[o * H + e]);
+            for (int64_t e = 0; e < H; ++e) acc += ctx_in[r * H + e] * double(w.w_o.data[o * H + e]);
             mean += (z[o] = acc);
         }
         mean /= double(H);

@@ -339,9 +339,11 @@ const FunctionCall &function_call(const std::string &function) {
         {"output_layernorm", stages::output_layernorm_call()},
         {"attention_layer", layer_call(false)},
         {"attention_layer_bf16", layer_call(false, Precision::bf16)},
+        {"attention_layer_int8", layer_call(false, Precision::int8)},
         {"attention_layer_probs", layer_call(true)},
         {"attention_layer_packed", packed_layer_call(false)},
         {"attention_layer_packed_bf16", packed_layer_call(false, Precision::bf16)},
+        {"attention_layer_packed_int8", packed_layer_call(false, Precision::int8)},
         {"attention_layer_packed_probs", packed_layer_call(true)},
     };
     const auto found = table.find(function);

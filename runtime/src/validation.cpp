@@ -35,10 +35,10 @@ void check_elements(const char *name, const void *data, std::size_t size, const 
 }
 
 void check_config(const Config &c, bool layer) {
-    if (c.precision != Precision::fp32 && c.precision != Precision::bf16)
-        throw Error("precision", "expected fp32 or bf16, got " + std::to_string(int(c.precision)));
+    if (c.precision != Precision::fp32 && c.precision != Precision::bf16 && c.precision != Precision::int8)
+        throw Error("precision", "expected fp32, bf16 or int8, got " + std::to_string(int(c.precision)));
     if (c.precision != Precision::fp32 && !layer)
-        throw Error("precision", "the stages run in fp32 only; a bf16 layer is an attn::Attention");
+        throw Error("precision", "the stages run in fp32 only; a bf16 or int8 layer is an attn::Attention");
     if (c.hidden_size <= 0) throw Error("hidden_size", "expected > 0, got " + std::to_string(c.hidden_size));
     if (c.num_heads <= 0) throw Error("num_heads", "expected > 0, got " + std::to_string(c.num_heads));
     if (c.hidden_size % c.num_heads != 0) {

@@ -180,20 +180,39 @@ std::string default_variant_reason() {
     return c.entry ? c.entry->info.name + ": " + c.reason : "no compiled variant can run on this CPU";
 }
 
-bool computes_bf16(const VariantInfo &variant) {
+const char *precision_name(Precision precision) {
+    return precision == Precision::fp32 ? "fp32" : reduced_precision(precision).name;
+}
+
+const ReducedPrecision &reduced_precision(Precision precision) {
+    for (const ReducedPrecision &p : kReducedPrecisions) {
+        if (p.precision == precision) return p;
+    }
+    throw Error("precision", "expected bf16 or int8 (a reduced precision), got " +
+                                 (precision == Precision::fp32 ? std::string("fp32") : std::to_string(int(precision))));
+}
+
+bool computes_natively(const VariantInfo &variant, Precision precision) {
+    if (precision == Precision::fp32) return true;
     for (const manifest::Isa &i : manifest::kIsas) {
-        if (variant.isa == i.name) return i.cpu_features.contains("avx512bf16");
+        if (variant.isa == i.name) return i.cpu_features.contains(reduced_precision(precision).cpu_feature);
     }
     return false;
 }
 
-std::vector<const VariantInfo *> bf16_variants() {
+std::vector<const VariantInfo *> precision_variants(Precision precision) {
     std::vector<const VariantInfo *> out;
     for (const VariantInfo &v : variants()) {
-        if (std::find(v.functions.begin(), v.functions.end(), detail::kBf16Layer) != v.functions.end()) out.push_back(&v);
+        if (precision == Precision::fp32 ||
+            std::find(v.functions.begin(), v.functions.end(), reduced_precision(precision).layer) !=
+                v.functions.end())
+            out.push_back(&v);
     }
     return out;
 }
+
+bool computes_bf16(const VariantInfo &variant) { return computes_natively(variant, Precision::bf16); }
+std::vector<const VariantInfo *> bf16_variants() { return precision_variants(Precision::bf16); }
 
 const VariantInfo &select_variant(const std::string &name) {
     if (name.empty()) {

@@ -160,27 +160,41 @@ def test_torch_compile_fullgraph():
     assert torch.allclose(compiled(x, mask), model(x, mask), atol=1e-6)
 
 
+def available(precision):
+    return any(f"attention_layer_{precision}" in v["functions"] and v["runnable"] for v in attn.variants())
+
+
 def bf16_available():
-    return any("attention_layer_bf16" in v["functions"] and v["runnable"] for v in attn.variants())
+    return available("bf16")
 
 
-@pytest.mark.skipif(not bf16_available(), reason="this build has no runnable bf16 variant (arm64: built_for)")
-def test_bf16_layer_is_close_to_fp32_and_not_it():
+# How far each reduced precision moves y from fp32 here, at most (tests/test_precision.cpp
+# bounds it): rounded weights and inputs (u = 2^-8) by about 1e-3, quantized ones by a few 1e-3.
+LARGEST_DIFFERENCE = {"bf16": 0.05, "int8": 0.1}
+
+
+@pytest.mark.parametrize("precision", LARGEST_DIFFERENCE)
+def test_reduced_precision_layer_is_close_to_fp32_and_not_it(precision):
+    if not available(precision):
+        pytest.skip(f"this build has no runnable {precision} variant (arm64: built_for)")
     layer, w, x = layer_and_input()
-    bf16 = attn.AttentionLayer(*(w[n] for n in attn._WEIGHTS), num_heads=HEADS, layer_norm_eps=EPS,
-                               precision="bf16", allow_storage_only=True)
-    assert bf16.precision == "bf16" and "bf16" in repr(bf16)
+    reduced = attn.AttentionLayer(*(w[n] for n in attn._WEIGHTS), num_heads=HEADS, layer_norm_eps=EPS,
+                                  precision=precision, allow_storage_only=True)
+    assert reduced.precision == precision and precision in repr(reduced)
     mask = torch.ones(3, 11, dtype=torch.int64)
     mask[1, 6:] = 0
-    y, y32 = bf16(x, mask), layer(x, mask)
+    y, y32 = reduced(x, mask), layer(x, mask)
     real = mask.bool()
     difference = (y[real] - y32[real]).abs().max().item()
-    # Rounded weights and inputs (u = 2^-8) move y by about 1e-3 here (tests/test_precision.cpp
-    # bounds it); a bf16 layer equal to fp32 would have computed in fp32.
-    assert 1e-5 < difference < 0.05, difference
+    # A layer equal to fp32 would have computed in fp32.
+    assert 1e-5 < difference < LARGEST_DIFFERENCE[precision], difference
+    # Packed: each token's row as in the padded batch (the quantization is per token row).
+    offsets = torch.tensor([0, 4, 11], dtype=torch.int32)
+    packed = reduced(x[0], cu_seqlens=offsets)
+    assert torch.allclose(packed[:4], reduced(x[0:1, :4])[0], atol=1e-5)
     with pytest.raises(attn.Error, match="^output_attentions: "):
-        bf16(x, mask, output_attentions=True)
-    with pytest.raises(ValueError, match="^precision: expected 'fp32' or 'bf16', got 'fp16'"):
+        reduced(x, mask, output_attentions=True)
+    with pytest.raises(ValueError, match="^precision: expected one of 'fp32', 'bf16', 'int8', got 'fp16'"):
         attn.AttentionLayer(*(w[n] for n in attn._WEIGHTS), num_heads=HEADS, precision="fp16")
 
 

@@ -86,10 +86,10 @@ inline std::vector<VariantProblem> min_shape_cases(bool fused_layer) {
 // The fused layer's function for a call with or without the probabilities.
 inline std::string layer_function(bool with_probs) { return with_probs ? "attention_layer_probs" : "attention_layer"; }
 
-// The variants with a bf16 layer (attn::bf16_variants()), as test parameters.
-inline std::vector<VariantInfo> bf16_variant_list() {
+// The variants with a layer in `precision` (attn::precision_variants()), as test parameters.
+inline std::vector<VariantInfo> precision_variant_list(Precision precision) {
     std::vector<VariantInfo> out;
-    for (const VariantInfo *v : bf16_variants()) out.push_back(*v);
+    for (const VariantInfo *v : precision_variants(precision)) out.push_back(*v);
     return out;
 }
 

@@ -80,7 +80,7 @@ TensorView<T> device_view(uint64_t device_pointer, std::size_t size, Shape shape
 }
 
 // The precision of the layer's four projections (DESIGN.md, "Reduced precision"); the
-// attention core, softmax, residual and LayerNorm are f32 in both.
+// attention core, softmax, residual and LayerNorm are f32 in all three.
 //   fp32: f32 weights and activations.
 //   bf16: the weights rounded to bf16 once, when the Attention is made (to nearest even;
 //         half the memory), the activations rounded to bf16 as they enter each projection,
@@ -89,7 +89,18 @@ TensorView<T> device_view(uint64_t device_pointer, std::size_t size, Shape shape
 //         widened to f32 (bf16 storage, f32 arithmetic: the same results, not the speed).
 //         Attention::forward only, without the probabilities; attn::bf16_variants() lists
 //         the variants that have it.
-enum class Precision { fp32, bf16 };
+//   int8: each weight matrix quantized once, when the Attention is made, to int8 with one
+//         scale per output feature (attn::quantize_int8: a quarter of the memory); the
+//         activations quantized to u8 per token row as they enter each projection
+//         (attn::quantize_row_u8); products summed in i32 and dequantized in f32: with
+//         AVX512_VNNI's vpdpbusd (variants of an ISA with avx512vnni), or, where the CPU
+//         lacks it and Config::allow_storage_only says so, with the same integer products
+//         summed in pairs (pmaddwd: the same results, not the speed). Attention::forward
+//         and forward_packed, without the probabilities; attn::precision_variants() lists
+//         the variants that have it.
+enum class Precision { fp32, bf16, int8 };
+// "fp32", "bf16", "int8".
+const char *precision_name(Precision precision);
 
 struct Config {
     int64_t hidden_size = 768;
@@ -97,7 +108,9 @@ struct Config {
     float layer_norm_eps = 1e-12f;
     bool causal = false;  // decoder mask: key j excluded for query i when j > i + (S_k − S_q)
     Precision precision = Precision::fp32;
-    // bf16 on a CPU without avx512bf16: run the bf16-storage variant rather than refuse.
+    // bf16 on a CPU without avx512bf16, or int8 on one without avx512vnni: run the variant
+    // that computes the same results without the instructions (bf16 storage with f32
+    // arithmetic; int8 products summed by pmaddwd) rather than refuse.
     bool allow_storage_only = false;
 
     int64_t head_dim() const { return num_heads > 0 ? hidden_size / num_heads : 0; }
@@ -199,8 +212,47 @@ const std::vector<VariantInfo> &variants();
 uint16_t bf16_bits(float f);
 float round_to_bf16(float f);
 
-// The variants with a bf16 layer (manifest.json: attention_layer_bf16), and whether one
-// computes in bf16 (its ISA has avx512bf16) or only stores bf16 (computes in f32).
+// int8 weights as the int8 projections take them (Precision::int8): per output feature o,
+// scale_o = max_i |W[o, i]| / 127 (1 for a row of zeros) and W[o, i] ≈ scale_o · values[o, i],
+// values = round(W / scale_o) (to nearest even) in [-127, 127]; sums[o] = Σ_i values[o, i].
+struct Int8Weight {
+    std::vector<int8_t> values;  // [H_out, H_in], as the weight
+    std::vector<float> scales;   // [H_out]
+    std::vector<int32_t> sums;   // [H_out]
+};
+Int8Weight quantize_int8(const ConstTensor &weight);
+// One row of activations as the int8 projections take it: with low = min(0, min x) and
+// high = max(0, max x), step = (high − low) / 255 (1 when high == low), zero =
+// round(−low · 255 / (high − low)) and values[i] = clamp(round(x[i] · 255 / (high − low)) + zero,
+// 0, 255), all in f32, rounding to nearest even; x[i] ≈ step · (values[i] − zero).
+struct QuantizedRow {
+    float step = 1;
+    int32_t zero = 0;
+};
+QuantizedRow quantize_row_u8(const float *x, int64_t size, uint8_t *values);
+
+// The variants with a layer in `precision` (manifest.json: attention_layer_bf16,
+// attention_layer_int8; every variant has fp32), and whether one computes in it natively
+// (its ISA has avx512bf16 for bf16, avx512vnni for int8) or only gives its results
+// without the instructions.
+std::vector<const VariantInfo *> precision_variants(Precision precision);
+bool computes_natively(const VariantInfo &variant, Precision precision);
+// A reduced precision's fused-layer functions (manifest.json), which
+// attn::precision_variants() have: over a padded batch, and over packed sequences; and the
+// CPU feature of the ISAs that compute it natively, and what the others do instead.
+struct ReducedPrecision {
+    Precision precision;
+    const char *name, *layer, *packed_layer, *cpu_feature, *without_feature;
+};
+inline constexpr ReducedPrecision kReducedPrecisions[] = {
+    {Precision::bf16, "bf16", "attention_layer_bf16", "attention_layer_packed_bf16", "avx512bf16",
+     "store bf16 and compute in f32"},
+    {Precision::int8, "int8", "attention_layer_int8", "attention_layer_packed_int8", "avx512vnni",
+     "sum the int8 products without vpdpbusd"},
+};
+// Throws attn::Error("precision") for fp32 (or a value out of range).
+const ReducedPrecision &reduced_precision(Precision precision);
+// bf16's (precision_variants(Precision::bf16), computes_natively(variant, Precision::bf16)).
 std::vector<const VariantInfo *> bf16_variants();
 bool computes_bf16(const VariantInfo &variant);
 
@@ -236,7 +288,7 @@ void synchronize(const VariantInfo &variant);
 // One attention layer: validated weights bound to a variant.
 namespace detail {
 struct DeviceWeights;
-struct Bf16Weights;
+struct ReducedWeights;
 }
 
 class Attention {
@@ -244,12 +296,14 @@ public:
     // A GPU variant prepares its weights here, once: each matrix transposed into the layout
     // its kernels read (a device-memory one is copied to the host for it), then every
     // weight copied to the device (a device-memory vector is read in place). The object
-    // keeps that copy: later changes to the caller's weights are not seen. So does bf16
-    // (config.precision), which rounds the four matrices to bf16 here (host memory). With
-    // bf16 and no variant named, the variant is the bf16 one of the widest ISA this CPU
-    // runs that computes in bf16, or, if config.allow_storage_only, one that stores bf16;
-    // a variant without bf16, or one that only stores it when that is not allowed, is
-    // refused (attn::Error naming config.precision or the variant, and what is missing).
+    // keeps that copy: later changes to the caller's weights are not seen. So do bf16 and
+    // int8 (config.precision), which round or quantize the four matrices here (host
+    // memory). With a reduced precision and no variant named, the variant is the one of the
+    // widest ISA this CPU runs that computes in it natively, or, if
+    // config.allow_storage_only, one that gives its results without the instructions; a
+    // variant without the precision, or one without its instructions when that is not
+    // allowed, is refused (attn::Error naming config.precision or the variant, and what is
+    // missing).
     Attention(Config config, LayerWeights weights, const std::string &variant = "");
 
     // y [B, S_q, H]. `probs`, if given, receives [B, heads, S_q, S_k].
@@ -275,7 +329,7 @@ private:
     LayerWeights weights_;
     const VariantInfo *variant_;
     std::shared_ptr<detail::DeviceWeights> device_weights_;  // GPU variants: the weights on the device
-    std::shared_ptr<detail::Bf16Weights> bf16_weights_;      // bf16: the matrices rounded
+    std::shared_ptr<detail::ReducedWeights> reduced_weights_;  // bf16, int8: the matrices rounded or quantized
 };
 
 // The stages of the layer, each its own AOT pipeline; shapes as in DESIGN.md.

@@ -54,34 +54,28 @@ struct LayerOutputs {
 };
 // In config.precision: bf16 computes its four projections from the weights rounded to
 // bf16 (attn::round_to_bf16) and from their inputs rounded so (x and kv as they enter
-// Q, K and V; the context as it enters the output projection), then in T like fp32; the
-// residual is the unrounded x.
+// Q, K and V; the context as it enters the output projection), then in T like fp32; int8
+// likewise from the weights quantized (attn::quantize_int8) and the inputs quantized per
+// row (attn::quantize_row_u8, from their values in f32), each dequantized; the residual is
+// the unrounded x.
 template <typename T>
 LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &weights, const AttentionInputs &inputs);
 
-// bf16: how far y may move, beyond the f32 evaluation error of the same formula, because an
-// implementation's context differs from the exact one and so may round to the other bf16
-// neighbour where it lies near the midpoint of two. An element of the context is such a
-// candidate when the exact value is within η of a midpoint, η = 2·|float32 − exact| (the
-// accuracy rule's f32 error) + 4e-6·max|V| (the flash core's exp, Halide's fast_exp, errs
-// by 1.7e-6 relatively at most, in the weights and in their sum). Each candidate moves the
-// output projection z by one bf16 ulp times |W_o|; LayerNorm passes a row's Δz on to y as
-// at most |γ|·(|Δz_o| + 2·max|Δz|)/σ (the mean's shift, and σ's to first order). Returns
-// the largest over y; 0 for fp32.
-double bf16_context_allowance(const Config &config, const LayerWeights &weights, const AttentionInputs &inputs,
-                              const LayerOutputs<double> &exact, const LayerOutputs<float> &float32);
-
-// bf16: how far y may move, beyond the f32 evaluation error of the same formula, because an
-// implementation's context differs from the exact one and so rounds to the other bf16
-// neighbour where it lies near the midpoint of two. An element of the context is such a
-// candidate when the exact value is within η of a midpoint, η = 2·|float32 − exact| (the
-// accuracy rule's f32 error) + 4e-6·max|V| (the flash core's exp, Halide's fast_exp, errs
-// by 1.7e-6 relatively at most, in the numerator and the denominator). Each candidate moves
-// the projection z by one bf16 ulp times |W_o|; LayerNorm passes a change Δz of a row on to
-// y as at most |γ|·(|Δz_o| + 2·max|Δz|)/σ (the shift of the mean, and to first order of
-// σ). Returns the largest over y; 0 for fp32.
-double bf16_context_allowance(const Config &config, const LayerWeights &weights, const LayerOutputs<double> &exact,
-                              const LayerOutputs<float> &float32);
+// bf16 and int8: how far y may move, beyond the f32 evaluation error of the same formula,
+// because an implementation's context differs from the exact one and so may round to the
+// other bf16 neighbour, or quantize to the other u8 value, where it lies near a midpoint.
+// bf16: an element of the context is such a candidate when the exact value is within η of a
+// midpoint, η = 2·|float32 − exact| (the accuracy rule's f32 error) + 4e-6·max|V| (the
+// flash core's exp, Halide's fast_exp, errs by 1.7e-6 relatively at most, in the weights
+// and in their sum); each candidate moves the output projection z by one bf16 ulp times
+// |W_o|. int8: the same η, measured in steps of the row's quantization and widened by
+// the change of the row's range (low and high each move by at most the row's largest η),
+// each candidate moving z by one step times |W_o|, and the step's own relative change
+// moving z by as much. LayerNorm passes a row's Δz on to y as at most
+// |γ|·(|Δz_o| + 2·max|Δz|)/σ (the mean's shift, and σ's to first order). Returns the
+// largest over y; 0 for fp32.
+double context_allowance(const Config &config, const LayerWeights &weights, const AttentionInputs &inputs,
+                         const LayerOutputs<double> &exact, const LayerOutputs<float> &float32);
 
 // Packed sequences (DESIGN.md): each sequence through attention_layer as a batch of one
 // of its length, with its top-left corner of the bias. y [T, H]; probs each sequence's
@@ -89,7 +83,7 @@ double bf16_context_allowance(const Config &config, const LayerWeights &weights,
 template <typename T>
 struct PackedOutputs {
     std::vector<T> y, probs;
-    double bf16_allowance = 0;  // bf16, double: the largest sequence's bf16_context_allowance
+    double allowance = 0;  // bf16 and int8, double: the largest sequence's context_allowance
 };
 template <typename T>
 PackedOutputs<T> attention_layer_packed(const Config &config, const LayerWeights &weights, const PackedInputs &inputs);

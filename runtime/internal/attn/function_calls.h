@@ -48,7 +48,7 @@ struct CallReference {
     std::vector<std::vector<double>> exact;
     std::vector<std::vector<float>> float32;
     // Per output, what the accuracy rule's tolerance adds for a reduced precision's rounding
-    // of an activation the function computes (reference::bf16_context_allowance); 0 in fp32.
+    // of an activation the function computes (reference::context_allowance); 0 in fp32.
     std::vector<double> allowance;
 };
 

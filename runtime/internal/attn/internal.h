@@ -56,10 +56,6 @@ private:
 // generator: attn::Error("variant") naming it, before any call.
 int call(const CompiledFunction &function, const Arguments &arguments, const std::string &what);
 
-// The fused layer's functions in bf16 (manifest.json), which attn::bf16_variants() have: over
-// a padded batch, and over packed sequences.
-inline constexpr const char *kBf16Layer = "attention_layer_bf16";
-inline constexpr const char *kBf16PackedLayer = "attention_layer_packed_bf16";
 
 // The variant's compiled functions, whether or not it runs here (their metadata can be read).
 const FunctionTable &compiled_functions(const VariantInfo &variant);
