@@ -86,10 +86,12 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
         // 4-byte load, broadcast to every lane.
         l.product(out, s, b) += cast<int32_t>(in(4 * l.k.y + l.k.x, last(s, tokens), b)) *
                                 cast<int32_t>(l.weight_transposed(l.k.x, out, l.k.y));
+        // The scales are read at `out` itself, not clamped: the epilogue runs on real outputs
+        // only (a clamped vector index would be a gather).
         const QuantizedRows &r = int8.rows;
-        Expr o = last(out, features), row = last(s, tokens);
-        result = r.step(row, b) * int8.weight.scale(o) *
-                 cast<float>(l.product(out, s, b) - r.zero(row, b) * int8.weight.sum(o));
+        Expr row = last(s, tokens);
+        result = r.step(row, b) * int8.weight.scale(out) *
+                 cast<float>(l.product(out, s, b) - r.zero(row, b) * int8.weight.sum(out));
     } else {
         l.product(out, s, b) = 0.0f;
         // Pairs of input features; an odd count's last pair is completed by a zero weight.
@@ -381,8 +383,8 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     auto scales_of = [&](int projection) {
         const Var &o = dims.hidden;
         WeightScales w{Func{"weight_scale_" + std::to_string(projection)}, Func{"weight_sum_" + std::to_string(projection)}};
-        w.scale(o) = in.weight_scales(last(o, in.hidden), 0, projection);
-        w.sum(o) = cast<int32_t>(in.weight_scales(last(o, in.hidden), 1, projection));
+        w.scale(o) = in.weight_scales(o, 0, projection);
+        w.sum(o) = cast<int32_t>(in.weight_scales(o, 1, projection));
         return w;
     };
     Int8Operands q_int8, kv_int8;
