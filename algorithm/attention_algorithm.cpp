@@ -45,11 +45,21 @@ QuantizedRows quantized_to_u8(const std::string &name, Func in, Expr features) {
     q.high = Func{name + "_high"};
     q.high(s, b) = 0.0f;
     q.high(s, b) = max(q.high(s, b), in(q.feature, s, b));
-    Expr range = q.high(s, b) - q.low(s, b);
+    // A row holding NaN or ±Inf has a non-finite sum (min and max may pass NaN over): its
+    // step is NaN, so that the projection's whole row is, as in fp32. (is_finite is
+    // evaluated strictly, whatever Halide's fast-math.)
+    q.sum = Func{name + "_sum"};
+    q.sum(s, b) = 0.0f;
+    q.sum(s, b) += in(q.feature, s, b);
+    Expr range = q.high(s, b) - q.low(s, b), inverse = 255.0f / range;
+    Expr invertible = range > 0.0f && is_finite(inverse);
     q.inverse_step = Func{name + "_inverse_step"};
-    q.inverse_step(s, b) = select(range > 0.0f, 255.0f / range, 1.0f);
+    q.inverse_step(s, b) = select(invertible, inverse, 1.0f);
     q.step = Func{name + "_step"};
-    q.step(s, b) = select(range > 0.0f, range / 255.0f, 1.0f);
+    // range · (1/255), not range / 255: Halide's simplifier rewrites a division by a constant
+    // so, and the reference computes what Halide does. Strict, so that the NaN survives.
+    q.step(s, b) = strict_float(select(!is_finite(q.sum(s, b)), cast<float>(NAN),
+                                       select(invertible, range * (1.0f / 255.0f), 1.0f)));
     q.zero = Func{name + "_zero"};
     q.zero(s, b) = clamp(cast<int>(round(-q.low(s, b) * q.inverse_step(s, b))), 0, 255);
     q.values = Func{name};

@@ -56,10 +56,12 @@ enum class Precision { fp32, bf16, int8 };
 // Rows of activations quantized to u8 per token row (DESIGN.md, "Reduced precision"): the
 // row's range [low, high] = [min(0, min x), max(0, max x)] in 255 steps of `step`, zero at
 // `zero`; value = clamp(round(x · inverse_step) + zero, 0, 255), round to nearest even, so
-// x ≈ step · (value − zero). A row of zeros has step 1. All in f32, in this order, so that
-// the reference (attn::reference::quantize_rows_u8) finds the same values.
+// x ≈ step · (value − zero). A row of zeros (or of a range too small to invert) has step 1;
+// one holding NaN or ±Inf has step NaN. All in f32, in this order, so that the reference
+// (attn::quantize_row_u8) finds the same values.
 struct QuantizedRows {
     Halide::Func low, high;    // (seq, batch)
+    Halide::Func sum;          // (seq, batch): Σ x, finite unless the row holds NaN or ±Inf
     Halide::Func inverse_step; // (seq, batch): 255 / (high − low), or 1
     Halide::Func step;         // (seq, batch): (high − low) / 255, or 1
     Halide::Func zero;         // (seq, batch) int32: round(−low · inverse_step)

@@ -118,9 +118,7 @@ int run_layer(const RunOptions &options) {
         inputs.key_padding_mask = {mask.data(), mask.size(), mask_array.shape};
     }
 
-    const Precision precision = options.precision == "bf16"   ? Precision::bf16
-                                : options.precision == "int8" ? Precision::int8
-                                                              : Precision::fp32;
+    const Precision precision = precision_from_name(options.precision, "--precision");
     const bool reduced = precision != Precision::fp32;
     if (reduced && !options.probs.empty())
         throw Error("--probs", "a " + options.precision + " layer has no probabilities output; drop --probs");

@@ -12,6 +12,17 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <string>
+#include <vector>
+
+namespace {
+// The --precision values: fp32 and every reduced precision (attn::kReducedPrecisions).
+std::vector<std::string> precision_choices() {
+    std::vector<std::string> names{"fp32"};
+    for (const attn::ReducedPrecision &p : attn::kReducedPrecisions) names.push_back(p.name);
+    return names;
+}
+}  // namespace
 
 int main(int argc, char **argv) {
     using namespace attn::cli;
@@ -45,7 +56,7 @@ int main(int argc, char **argv) {
                      "the projections' precision: fp32; bf16 (bf16 weights and inputs, f32 sums; vdpbf16ps where "
                      "the CPU has avx512bf16); or int8 (int8 weights per output feature, u8 inputs per token, i32 "
                      "sums; vpdpbusd where the CPU has avx512vnni); no --probs in bf16 or int8")
-        ->check(CLI::IsMember({"fp32", "bf16", "int8"}))
+        ->check(CLI::IsMember(precision_choices()))
         ->capture_default_str();
     run_cmd->add_flag("--allow-storage-only", run.allow_storage_only,
                       "bf16 on a CPU without avx512bf16, or int8 without avx512vnni: compute the same results without "

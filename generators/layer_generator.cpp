@@ -25,7 +25,7 @@ public:
     // Dense: (hidden, seq_q, batch) = [B, S_q, H]. Packed: the token rows as a batch of one,
     // (hidden, token, 1) = [1, T, H].
     Input<Buffer<float, 3>> x{"x"};
-    // (in, out) = [H_out, H_in], nn.Linear's; on a GPU and in bf16, prepared once as their
+    // (in, out) = [H_out, H_in], nn.Linear's; on a GPU and in bf16 and int8, prepared once as their
     // transposes, (out, in) = [H_in, H_out] (layer_weights below). float, bfloat16 in bf16,
     // int8 in int8 (configure).
     Input<Buffer<void, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"}, w_o{"w_o"};
@@ -125,8 +125,8 @@ public:
     // A GPU's fused layer reads its weights transposed, as its kernels read them, prepared
     // once by the runtime's Attention (DeviceWeights, runtime/src/pipeline_call.cpp), so no
     // call launches transposes; so does bf16, whose weights the Attention rounds once anyway
-    // (Bf16Weights), and whose panels would otherwise gather 16-bit values one at a time; and
-    // so does int8, whose weights it quantizes once (Int8Weights).
+    // (ReducedWeights), and whose panels would otherwise gather 16-bit values one at a time;
+    // and so does int8, whose weights it quantizes once (ReducedWeights too).
     // The stages, called with their weights each time, and every fp32 CPU layer, whose
     // panels transpose their slice in cache with f32 vectors, take nn.Linear's layout.
     static WeightLayout layer_weights(const Target &target, Precision precision) {

@@ -163,7 +163,7 @@ std::string Accuracy::report(const std::string &what) const {
     s << what << ": max error " << max_error << " at index " << worst_index << " (got " << worst_actual
       << ", reference " << worst_reference << "), mean error " << mean_error << ", tolerance " << tolerance
       << " (2 x plain float32 error + " << kAbsoluteFloor;
-    if (allowance > 0) s << " + " << allowance << " for bf16 rounding of the computed context";
+    if (allowance > 0) s << " + " << allowance << " for the reduced-precision rounding of the computed context";
     s << ")";
     return s.str();
 }

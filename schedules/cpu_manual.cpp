@@ -19,11 +19,6 @@ bool native_bf16(const Target &target) {
     return target.has_feature(Target::AVX512_Zen4) || target.has_feature(Target::AVX512_SapphireRapids);
 }
 
-// Whether the target sums u8 × i8 quads natively (AVX512_VNNI's vpdpbusd; in Halide's
-// avx512_zen4 and avx512_sapphirerapids targets). Elsewhere Halide sums them in pairs with
-// pmaddwd, after widening the operands to 16 bits.
-bool native_int8(const Target &target) { return native_bf16(target); }
-
 // Computes the reduction `tile` (a pure init and one update over `reduction`) as a
 // register tile of `columns` × t.tile_rows at `at`: `column` vectorized and unrolled,
 // `row` unrolled, the reduction outside both. A bf16 or int8 GEMM's reduction starts with
@@ -140,7 +135,7 @@ void schedule_quantized(attn_gen::QuantizedRows q, const Target &target) {
     const int vw = vector_width(target);
     const Var &s = dims.seq, &b = dims.batch;
     Var so{"so"}, si{"si"};
-    for (Func range : {q.low, q.high}) {
+    for (Func range : {q.low, q.high, q.sum}) {
         RVar outer{"outer"}, lane{"lane"};
         Var partial_lane{"partial_lane"};
         range.compute_root();

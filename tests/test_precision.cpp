@@ -177,6 +177,36 @@ TEST_P(ReducedPrecisionTest, RefusesWhatItCannotDo) {
     });
 }
 
+// NaN in one token's input: its own row of y is NaN, and, through K and V (which every query
+// attends), every other row too, as in fp32 (int8 makes the row's quantization step NaN:
+// the min and max of its range may pass a NaN over). So does an infinity.
+TEST_P(ReducedPrecisionTest, NaNAndInfinityInAnInputPropagate) {
+    const Precision precision = GetParam();
+    Problem p;
+    p.batch = 1, p.s_q = p.s_k = 9, p.hidden = 64, p.heads = 2;
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+        LayerData d(p);
+        ATTN_SKIP_WITHOUT(precision, d);
+        d.x[3 * 64 + 5] = bad;
+        std::vector<float> y(std::size_t(p.s_q * p.hidden));
+        Attention(reduced_config(p, precision, true), d.weights()).forward(d.inputs(), view(y, {1, p.s_q, p.hidden}));
+        EXPECT_TRUE(std::isnan(y[3 * 64])) << precision_name(precision) << ", " << bad << ": the row holding it";
+        EXPECT_TRUE(std::isnan(y[0])) << precision_name(precision) << ", " << bad << ": another row, through K and V";
+    }
+}
+
+TEST(Int8, RefusesWeightsItCannotQuantize) {
+    LayerData d(small());
+    ATTN_SKIP_WITHOUT(Precision::int8, d);
+    d.w_k[7] = std::numeric_limits<float>::infinity();
+    expect_error("w_k", "expected finite values to quantize to int8, got inf at [0, 7]",
+                 [&] { Attention(reduced_config(d.problem, Precision::int8, true), d.weights()); });
+    Problem wide = small();
+    wide.hidden = 40000, wide.heads = 1;
+    Config config = reduced_config(wide, Precision::int8, true);
+    expect_error("hidden_size", "with int8 (its i32 sums), got 40000", [&] { Attention(config, d.weights()); });
+}
+
 INSTANTIATE_TEST_SUITE_P(Precisions, ReducedPrecisionTest, ::testing::Values(Precision::bf16, Precision::int8),
                          precision_param_name);
 

@@ -35,7 +35,7 @@ SENTENCES = [
 FLOOR = 1e-5  # the accuracy rule's absolute floor (tests/support/problem.h)
 # The bf16 and int8 chains' sentences (MIN_COSINE below, on every one):
 # the three above and five more, of other lengths and topics.
-BF16_SENTENCES = SENTENCES + [
+REDUCED_SENTENCES = SENTENCES + [
     "A man is playing a guitar on the stage.",
     "The new movie is awesome, and the soundtrack even better.",
     "Quantum computers use qubits, which can be in a superposition of states.",
@@ -150,12 +150,12 @@ def reduced_chain(args, model_dir, tokenizer, exact, plain, config, precision):
     """The six layers' attention in bf16 or int8 (attn run --precision; --allow-storage-only on
     a CPU without avx512bf16 or avx512vnni, the same results), the rest in float32 NumPy: each
     sentence's embedding against the float64 model's, cosine >= MIN_COSINE[precision]."""
-    encodings = tokenizer.encode_batch(BF16_SENTENCES)
+    encodings = tokenizer.encode_batch(REDUCED_SENTENCES)
     ids = np.array([e.ids for e in encodings])
     mask = np.array([e.attention_mask for e in encodings], dtype=bool)
     np.save(args.work / "reduced_mask.npy", mask)
     x, x_exact = plain.embeddings(ids).astype(np.float32), exact.embeddings(ids)
-    print(f"{precision} (the attention layers' projections; {len(BF16_SENTENCES)} sentences, padded to {ids.shape[1]}):")
+    print(f"{precision} (the attention layers' projections; {len(REDUCED_SENTENCES)} sentences, padded to {ids.shape[1]}):")
     for layer in range(config["num_hidden_layers"]):
         np.save(args.work / "x.npy", x)
         out = run_attn(args.attn, "run", "--model", str(model_dir), "--layer", str(layer), "--input",

@@ -349,7 +349,7 @@ class AttentionLayer:
     to u8 per token as they enter, i32 sums dequantized in f32; on a CPU with avx512vnni, or,
     with allow_storage_only=True, without vpdpbusd elsewhere (the same results, slower).
 
-    torch.bfloat16 tensors (a model in bf16) are taken too, in either precision: the weights
+    torch.bfloat16 tensors (a model in bf16) are taken too, in every precision: the weights
     widened once, here, to float32 copies (so later changes to them are not seen; with
     precision="bf16" the rounding then changes nothing), and each call's inputs widened, the
     outputs rounded back to bfloat16.

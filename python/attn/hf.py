@@ -135,7 +135,7 @@ def _fused_forward(self, hidden_states, *args, **kwargs):
 def patch(model, variant=None, precision="fp32", allow_storage_only=False):
     """Swaps every BERT-family self-attention block of `model` for attn's fused layer, in place,
     computing in `precision` ("fp32", "bf16" or "int8", with allow_storage_only: AttentionLayer's). A
-    model in torch.bfloat16 works in either. Returns how many blocks were patched (an error if
+    model in torch.bfloat16 works in each. Returns how many blocks were patched (an error if
     none)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__module__}.{type(model).__name__}")

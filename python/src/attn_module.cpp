@@ -120,11 +120,7 @@ public:
     Layer(int64_t hidden_size, int64_t num_heads, float layer_norm_eps, bool causal, const nb::dict &weights,
           const std::string &variant, const std::string &precision, bool allow_storage_only) {
         attn::Config config{hidden_size, num_heads, layer_norm_eps, causal};
-        if (precision != "fp32" && precision != "bf16" && precision != "int8")
-            throw nb::value_error(("precision: expected 'fp32', 'bf16' or 'int8', got '" + precision + "'").c_str());
-        config.precision = precision == "bf16"   ? attn::Precision::bf16
-                           : precision == "int8" ? attn::Precision::int8
-                                                 : attn::Precision::fp32;
+        config.precision = attn::precision_from_name(precision, "precision");
         config.allow_storage_only = allow_storage_only;
         attn::LayerWeights w;
         const std::pair<const char *, attn::ConstTensor attn::LayerWeights::*> named[] = {

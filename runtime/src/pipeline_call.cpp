@@ -273,7 +273,7 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
         const std::size_t size = int8 ? 1 : 2;
         m.bytes.resize(std::size_t(out * in) * size);
         if (int8) {
-            const Int8Weight q = quantize_int8(t);
+            const Int8Weight q = quantize_int8(t, a.name);
             for (int64_t o = 0; o < out; ++o)
                 for (int64_t i = 0; i < in; ++i) m.bytes[std::size_t(i * out + o)] = uint8_t(q.values[std::size_t(o * in + i)]);
             // weight_scales (out, quantity, projection): this matrix's is projection matrices.size() - 1.

@@ -27,8 +27,13 @@ float round_to_bf16(float f) {
     return out;
 }
 
-Int8Weight quantize_int8(const ConstTensor &weight) {
+Int8Weight quantize_int8(const ConstTensor &weight, const char *name) {
     const int64_t out = weight.shape.at(0), in = weight.shape.at(1);
+    for (int64_t i = 0; i < out * in; ++i) {
+        if (!std::isfinite(weight.data[i]))
+            throw Error(name, "expected finite values to quantize to int8, got " + std::to_string(weight.data[i]) +
+                                  " at [" + std::to_string(i / in) + ", " + std::to_string(i % in) + "]");
+    }
     Int8Weight q;
     q.values.resize(std::size_t(out * in));
     q.scales.resize(std::size_t(out));
@@ -37,7 +42,7 @@ Int8Weight quantize_int8(const ConstTensor &weight) {
         const float *row = weight.data + o * in;
         float largest = 0;
         for (int64_t i = 0; i < in; ++i) largest = std::max(largest, std::abs(row[i]));
-        const float scale = largest > 0 ? largest / 127.0f : 1.0f;
+        const float scale = largest / 127.0f > 0 ? largest / 127.0f : 1.0f;  // (1 for zeros, or if it underflows)
         int32_t sum = 0;
         for (int64_t i = 0; i < in; ++i) {
             const auto v = int8_t(std::clamp(std::nearbyint(row[i] / scale), -127.0f, 127.0f));
@@ -52,12 +57,19 @@ Int8Weight quantize_int8(const ConstTensor &weight) {
 
 // As attn_gen::quantized_to_u8 computes it, operation for operation in f32.
 QuantizedRow quantize_row_u8(const float *x, int64_t size, uint8_t *values) {
+    QuantizedRow row;
+    if (std::any_of(x, x + size, [](float v) { return !std::isfinite(v); })) {
+        // The whole row's projection NaN, as in fp32 (the values are unused).
+        std::fill(values, values + size, uint8_t(0));
+        row.step = std::numeric_limits<float>::quiet_NaN();
+        return row;
+    }
     float low = 0, high = 0;
     for (int64_t i = 0; i < size; ++i) low = std::min(low, x[i]), high = std::max(high, x[i]);
-    const float range = high - low;
-    const float inverse_step = range > 0 ? 255.0f / range : 1.0f;
-    QuantizedRow row;
-    row.step = range > 0 ? range / 255.0f : 1.0f;
+    const float range = high - low, inverse = range > 0 ? 255.0f / range : 1.0f;
+    const bool invertible = range > 0 && std::isfinite(inverse);
+    const float inverse_step = invertible ? inverse : 1.0f;
+    row.step = invertible ? range * (1.0f / 255.0f) : 1.0f;
     row.zero = std::clamp(int32_t(std::nearbyint(-low * inverse_step)), 0, 255);
     for (int64_t i = 0; i < size; ++i)
         values[i] = uint8_t(std::clamp(int32_t(std::nearbyint(x[i] * inverse_step)) + row.zero, 0, 255));

@@ -36,9 +36,14 @@ void check_elements(const char *name, const void *data, std::size_t size, const 
 
 void check_config(const Config &c, bool layer) {
     if (c.precision != Precision::fp32 && c.precision != Precision::bf16 && c.precision != Precision::int8)
-        throw Error("precision", "expected fp32, bf16 or int8, got " + std::to_string(int(c.precision)));
+        throw Error("precision", "expected " + precision_names() + ", got " + std::to_string(int(c.precision)));
     if (c.precision != Precision::fp32 && !layer)
         throw Error("precision", "the stages run in fp32 only; a bf16 or int8 layer is an attn::Attention");
+    // int8: |Σ q·w − zero·Σ w| <= 2 · 255 · 127 · H must fit the i32 sums.
+    constexpr int64_t kLargestInt8Hidden = (int64_t(1) << 31) / (2 * 255 * 127) - 4;
+    if (c.precision == Precision::int8 && c.hidden_size > kLargestInt8Hidden)
+        throw Error("hidden_size", "expected at most " + std::to_string(kLargestInt8Hidden) +
+                                       " with int8 (its i32 sums), got " + std::to_string(c.hidden_size));
     if (c.hidden_size <= 0) throw Error("hidden_size", "expected > 0, got " + std::to_string(c.hidden_size));
     if (c.num_heads <= 0) throw Error("num_heads", "expected > 0, got " + std::to_string(c.num_heads));
     if (c.hidden_size % c.num_heads != 0) {

@@ -184,6 +184,21 @@ const char *precision_name(Precision precision) {
     return precision == Precision::fp32 ? "fp32" : reduced_precision(precision).name;
 }
 
+std::string precision_names() {
+    std::string names = "fp32";
+    for (std::size_t i = 0; i < std::size(kReducedPrecisions); ++i)
+        names += std::string(i + 1 == std::size(kReducedPrecisions) ? " or " : ", ") + kReducedPrecisions[i].name;
+    return names;
+}
+
+Precision precision_from_name(const std::string &name, const std::string &argument) {
+    if (name == "fp32") return Precision::fp32;
+    for (const ReducedPrecision &p : kReducedPrecisions) {
+        if (name == p.name) return p.precision;
+    }
+    throw Error(argument, "expected " + precision_names() + ", got '" + name + "'");
+}
+
 const ReducedPrecision &reduced_precision(Precision precision) {
     for (const ReducedPrecision &p : kReducedPrecisions) {
         if (p.precision == precision) return p;

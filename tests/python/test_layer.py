@@ -169,8 +169,9 @@ def bf16_available():
 
 
 # How far each reduced precision moves y from fp32 here, at most (tests/test_precision.cpp
-# bounds it): rounded weights and inputs (u = 2^-8) by about 1e-3, quantized ones by a few 1e-3.
-LARGEST_DIFFERENCE = {"bf16": 0.05, "int8": 0.1}
+# bounds it): rounded weights and inputs (u = 2^-8) by about 1e-3; quantized ones by 0.024
+# (measured: at this small width a step is a large share of a row's range).
+LARGEST_DIFFERENCE = {"bf16": 0.05, "int8": 0.05}
 
 
 @pytest.mark.parametrize("precision", LARGEST_DIFFERENCE)

@@ -101,6 +101,10 @@ TensorView<T> device_view(uint64_t device_pointer, std::size_t size, Shape shape
 enum class Precision { fp32, bf16, int8 };
 // "fp32", "bf16", "int8".
 const char *precision_name(Precision precision);
+// "fp32, bf16 or int8", for messages; and a name back to its Precision, or attn::Error(argument)
+// naming the expected ones.
+std::string precision_names();
+Precision precision_from_name(const std::string &name, const std::string &argument);
 
 struct Config {
     int64_t hidden_size = 768;
@@ -220,11 +224,13 @@ struct Int8Weight {
     std::vector<float> scales;   // [H_out]
     std::vector<int32_t> sums;   // [H_out]
 };
-Int8Weight quantize_int8(const ConstTensor &weight);
+// Throws attn::Error(name) for a value that is NaN or infinite.
+Int8Weight quantize_int8(const ConstTensor &weight, const char *name = "weight");
 // One row of activations as the int8 projections take it: with low = min(0, min x) and
 // high = max(0, max x), step = (high − low) / 255 (1 when high == low), zero =
 // round(−low · 255 / (high − low)) and values[i] = clamp(round(x[i] · 255 / (high − low)) + zero,
-// 0, 255), all in f32, rounding to nearest even; x[i] ≈ step · (values[i] − zero).
+// 0, 255), all in f32, rounding to nearest even; x[i] ≈ step · (values[i] − zero). A row
+// holding NaN or ±Inf has step NaN (its projection NaN, as in fp32).
 struct QuantizedRow {
     float step = 1;
     int32_t zero = 0;
