@@ -29,9 +29,9 @@ void define_weight_transposed(Func weight_t, Func weight, WeightLayout layout, E
 }
 }  // namespace
 
-Func rounded_to_bf16(const std::string &name, Func in) {
+Func rounded_to_bf16(const std::string &name, Func in, Expr features) {
     Func rounded{name};
-    rounded(dims.hidden, dims.seq, dims.batch) = cast(BFloat(16), in(dims.hidden, dims.seq, dims.batch));
+    rounded(dims.hidden, dims.seq, dims.batch) = cast(BFloat(16), in(last(dims.hidden, features), dims.seq, dims.batch));
     return rounded;
 }
 
@@ -111,9 +111,9 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
             select(in_feature < features, weight_at(weight, layout, out, last(in_feature, features), features),
                    cast(BFloat(16), 0.0f));
         l.k = RDom({{0, 2}, {0, (features + 1) / 2}}, name + "_k");
-        Expr k = last(2 * l.k.y + l.k.x, features);
-        l.product(out, s, b) +=
-            cast<float>(in(k, last(s, tokens), b)) * cast<float>(l.weight_transposed(l.k.x, out, l.k.y));
+        // Not clamped (as int8's quads): a pair is one 4-byte load, broadcast to every lane.
+        l.product(out, s, b) += cast<float>(in(2 * l.k.y + l.k.x, last(s, tokens), b)) *
+                                cast<float>(l.weight_transposed(l.k.x, out, l.k.y));
     }
     if (!result.defined()) result = l.product(out, s, b);
     l.out = Func{name};
@@ -386,8 +386,8 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     Func x = in.x, kv = in.kv;
     const bool self_attention = in.kv.name() == in.x.name();
     if (in.precision == Precision::bf16) {
-        l.x_rounded = x = rounded_to_bf16("x_rounded", in.x);
-        l.kv_rounded = kv = self_attention ? l.x_rounded : rounded_to_bf16("kv_rounded", in.kv);
+        l.x_rounded = x = rounded_to_bf16("x_rounded", in.x, in.hidden);
+        l.kv_rounded = kv = self_attention ? l.x_rounded : rounded_to_bf16("kv_rounded", in.kv, in.hidden);
     }
     // int8: each projection's weight scales from weight_scales, and the rows quantized once.
     auto scales_of = [&](int projection) {

@@ -81,8 +81,9 @@ struct WeightScales {
 // Square weights (H × H), `tokens` rows of `in` per batch. Given `rows` (rows(b): how many
 // leading rows of batch b are used), only those are computed: `out` is then undefined
 // past them and computed by an update over `row`, whose loop stops there. In bf16, `in`
-// and `weight` are bf16 (the caller rounds the activations: rounded_to_bf16). In int8,
-// `in` is the caller's QuantizedRows' values (read up to the next multiple of 4 features),
+// and `weight` are bf16 (the caller rounds the activations: rounded_to_bf16, read up to the
+// next even feature). In int8, `in` is the caller's QuantizedRows' values (read up to the
+// next multiple of 4 features),
 // `weight` int8, and out = step · scale ·
 // (product − zero · sum) + bias, the integer part exact.
 struct Linear {
@@ -109,8 +110,9 @@ Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Hal
               Precision precision = Precision::fp32, const Int8Operands &int8 = Int8Operands());
 
 // in rounded to bf16 (to nearest even), as the bf16 GEMMs take their activations:
-// (feature, seq, batch) of a (feature, seq, batch) Func.
-Halide::Func rounded_to_bf16(const std::string &name, Halide::Func in);
+// (feature, seq, batch) of a (feature, seq, batch) Func of `features` features; past them,
+// the last feature's (a GEMM reads whole pairs).
+Halide::Func rounded_to_bf16(const std::string &name, Halide::Func in, Halide::Expr features);
 
 // Head view of a [B, S, H] tensor: (head_dim, head, seq, batch), the transpose_for_scores view.
 Halide::Func split_heads(const std::string &name, Halide::Func tensor, Halide::Expr head_dim);
