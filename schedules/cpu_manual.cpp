@@ -61,13 +61,13 @@ void vectorized_row_reduction(Func reduction, RVar along, LoopLevel at, const Ta
     const int vw = vector_width(target);
     RVar outer{"outer"}, lane{"lane"};
     Var partial_lane{"partial_lane"};
-    reduction.compute_at(at);
+    reduction.compute_at(at).store_in(MemoryType::Stack);
     Func partial = reduction.update().split(along, outer, lane, vw, kGuard).rfactor(lane, partial_lane);
     // rfactor adds its lane variable as the outermost dimension; store it innermost, so
     // that each vector of partials is one load and one store.
     std::vector<Var> storage{partial_lane};
     for (const Var &v : reduction.args()) storage.push_back(v);
-    partial.compute_at(at).reorder_storage(storage).vectorize(partial_lane);
+    partial.compute_at(at).store_in(MemoryType::Stack).reorder_storage(storage).vectorize(partial_lane);
     partial.update().vectorize(partial_lane);  // the loops over the row run inside, on whole vectors
 }
 
@@ -166,6 +166,7 @@ void tiled_rows(Func product, const Var &col, const Var &row, const std::vector<
     Var co{"co"}, ci{"ci"}, ro{"ro"}, ri{"ri"};
     Func rows = product.in();
     rows.compute_at(at)
+        .store_in(MemoryType::Stack)
         .split(col, co, ci, columns, kGuard)
         .split(row, ro, ri, t.tile_rows, kGuard)
         .reorder(ci, ri, ro, co)
@@ -302,7 +303,7 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
     // Not GuardWithIf: its tail test inside the loop over key blocks keeps Halide from
     // turning the key-block predicate into that loop's bound (the running state is
     // internal, so rounding e up only computes a few lanes more).
-    f.running.compute_at(rows).vectorize(e, vw);
+    f.running.compute_at(rows).store_in(MemoryType::Stack).vectorize(e, vw);
     f.running.update().reorder(e, qi, key_block).vectorize(e, vw);
     LoopLevel step(f.running, key_block);
     f.scores.compute_at(step).store_in(MemoryType::Stack);
