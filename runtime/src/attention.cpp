@@ -101,9 +101,7 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     }
     check_tensor("y", y, {batch, s_q, hidden}, "[B, S_q, H]");
     const bool want_probs = !probs.empty();
-    if (want_probs && reduced_weights_)
-        throw Error("probs", std::string("a ") + precision_name(config_.precision) +
-                                 " layer (config.precision) has no probabilities output; pass none, or use fp32");
+    if (want_probs) check_probs_precision(config_);
     if (want_probs) check_tensor("probs", probs, {batch, heads, s_q, s_k}, "[B, heads, S_q, S_k]");
     for (const ConstTensor *input : {&in.x, &in.kv, &in.bias}) {
         if (overlaps(y, *input)) throw Error("y", "must not overlap an input buffer");

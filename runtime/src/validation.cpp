@@ -34,6 +34,12 @@ void check_elements(const char *name, const void *data, std::size_t size, const 
     }
 }
 
+void check_probs_precision(const Config &config) {
+    if (config.precision != Precision::fp32)
+        throw Error("probs", std::string("a ") + precision_name(config.precision) +
+                                 " layer (config.precision) has no probabilities output; pass none, or use fp32");
+}
+
 void check_config(const Config &c, bool layer) {
     if (c.precision != Precision::fp32 && c.precision != Precision::bf16 && c.precision != Precision::int8)
         throw Error("precision", "expected " + precision_names() + ", got " + std::to_string(int(c.precision)));

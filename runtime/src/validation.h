@@ -49,8 +49,10 @@ bool overlaps(const TensorView<T> &a, const TensorView<U> &b) {
     return a0 < b1 && b0 < a1;
 }
 
-// `layer`: the config of an Attention, which may ask for bf16 (the stages may not).
+// `layer`: the config of an Attention, which may ask for bf16 or int8 (the stages may not).
 void check_config(const Config &config, bool layer = false);
+// A layer asked for its probabilities: refused in bf16 and int8, which have no such output.
+void check_probs_precision(const Config &config);
 
 // The layer's weights, each with its argument name (manifest.json's): the projections'
 // (w_q, w_k, w_v, b_q, b_k, b_v) and the output's (w_o, b_o, gamma, beta).
