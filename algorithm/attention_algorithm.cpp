@@ -29,6 +29,8 @@ void define_weight_transposed(Func weight_t, Func weight, WeightLayout layout, E
 }
 }  // namespace
 
+Precision core_precision(Precision layer) { return layer == Precision::bf16 ? Precision::bf16 : Precision::fp32; }
+
 Func rounded_to_bf16(const std::string &name, Func in, Expr features) {
     Func rounded{name};
     rounded(dims.hidden, dims.seq, dims.batch) = cast(BFloat(16), in(last(dims.hidden, features), dims.seq, dims.batch));
@@ -254,14 +256,20 @@ Func last_real_key(Func key_padding_mask, Expr s_k) {
 }
 
 FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func key_padding_mask, Func key_end, Func bias,
-                               Expr causal, Expr head_dim, Expr s_q, Expr s_k, Blocking blocking, Func query_end) {
+                               Expr bias_keys, Expr causal, Expr head_dim, Expr s_q, Expr s_k, Blocking blocking, Func query_end,
+                               Precision precision) {
     const Var &e = dims.head_dim, &h = dims.head, &b = dims.batch, &i = dims.query, &j = dims.key;
     const Var &qi = dims.query_in_block, &qb = dims.query_block, &kb = dims.key_block;
     const Var &kc = dims.key_chunk, &kl = dims.key_in_chunk;
     const int Q = blocking.query_block, C = blocking.key_chunk, K = blocking.chunks() * C;
+    const bool bf16 = precision == Precision::bf16;
+    if (bf16 && C % 2 != 0)
+        _halide_user_error << "flash_attention: a bf16 core sums its keys in pairs, so key_chunk must be even, got "
+                           << C << "\n";
     FlashAttention f;
     f.blocking = blocking;
     f.blocking.key_block = K;
+    f.precision = bf16 ? Precision::bf16 : Precision::fp32;
 
     // One past the last key a query of block qb may see: causal keys end at the diagonal of
     // the block's last query (bottom-right aligned), padded ones at the batch's last real key.
@@ -272,10 +280,24 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     // key blocks and chunks by it, and computes none of a dead block's scores.
     if (query_end.defined()) key_limit = min(key_limit, (query_end(b) - qb * Q) * s_k);
 
+    // K and V packed per head. bf16: rounded, and in pairs, as the products read them: K's
+    // pairs of head features, (pair, key, head_dim_pair), zero past d; V's pairs of keys,
+    // (pair, head_dim, key_pair); and Q rounded, read up to the next even feature.
+    Var pair{"pair"}, e_pair{"head_dim_pair"}, j_pair{"key_pair"};
     f.keys = Func{"keys"};
-    f.keys(j, e, h, b) = k_heads(last(e, head_dim), h, last(j, s_k), b);
     f.values = Func{"values"};
-    f.values(e, j, h, b) = v_heads(last(e, head_dim), h, last(j, s_k), b);
+    if (bf16) {
+        Expr feature = 2 * e_pair + pair, key = 2 * j_pair + pair;
+        f.keys(pair, j, e_pair, h, b) = select(feature < head_dim,
+                                               cast(BFloat(16), k_heads(last(feature, head_dim), h, last(j, s_k), b)),
+                                               cast(BFloat(16), 0.0f));
+        f.values(pair, e, j_pair, h, b) = cast(BFloat(16), v_heads(last(e, head_dim), h, last(key, s_k), b));
+        f.queries = Func{"queries"};
+        f.queries(e, h, i, b) = cast(BFloat(16), q_heads(last(e, head_dim), h, last(i, s_q), b));
+    } else {
+        f.keys(j, e, h, b) = k_heads(last(e, head_dim), h, last(j, s_k), b);
+        f.values(e, j, h, b) = v_heads(last(e, head_dim), h, last(j, s_k), b);
+    }
 
     // Within a key block, whole chunks up to key_limit. The predicate names only the chunk,
     // so that Halide turns it into the bound of the loop over chunks (a vectorized lane in
@@ -292,35 +314,71 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     f.key_is_real(j, b) = j < s_k && key_padding_mask(last(j, s_k), b) != 0;
     Expr kept = f.key_is_real(key, b) && !(causal && key > query + (s_k - s_q));
 
-    f.e = RDom(0, head_dim, "e");
     f.dot = Func{"dot"};
     f.dot(kl, kc, qi, qb, kb, h, b) = 0.0f;
-    f.dot(kl, kc, qi, qb, kb, h, b) += q_heads(f.e, h, last(query, s_q), b) * f.keys(kb * K + kc * C + kl, f.e, h, b);
+    Expr key_of_dot = kb * K + kc * C + kl;
+    if (bf16) {
+        // Pairs of head features: bf16 products, exact in f32, summed in f32 (vdpbf16ps).
+        f.e = RDom({{0, 2}, {0, (head_dim + 1) / 2}}, "e");
+        f.dot(kl, kc, qi, qb, kb, h, b) += cast<float>(f.queries(2 * f.e.y + f.e.x, h, query, b)) *
+                                           cast<float>(f.keys(f.e.x, key_of_dot, f.e.y, h, b));
+    } else {
+        f.e = RDom(0, head_dim, "e");
+        f.dot(kl, kc, qi, qb, kb, h, b) += q_heads(f.e, h, last(query, s_q), b) * f.keys(key_of_dot, f.e, h, b);
+    }
     // The block's scores and exponentials exist only for the chunks visited (the updates
-    // over key_in_block); the rest of a block is never computed or read.
+    // over key_in_block); the rest of a block is never computed or read. The bias's key is
+    // clamped `likely` within the bias's keys, so that Halide splits off the chunks wholly
+    // inside, which read it as dense vectors (a clamped vector index is otherwise a gather,
+    // element by element); an absent bias's zeros reach past S_k for the last chunk too.
     f.scores = Func{"block_scores"};
     f.scores(kl, kc, qi, qb, kb, h, b) = undef<float>();
     f.scores(lane, chunk, qi, qb, kb, h, b) =
         f.dot(lane, chunk, qi, qb, kb, h, b) * (1.0f / sqrt(cast<float>(head_dim))) +
-        bias(last(key, s_k), last(query, s_q), h, b);
+        bias(min(likely(key), bias_keys - 1), last(query, s_q), h, b);
     Expr score = f.scores(lane, chunk, qi, qb, kb, h, b);
     f.block_max = Func{"block_max"};
     f.block_max(qi, qb, kb, h, b) = kLowest;
     f.block_max(qi, qb, kb, h, b) = max(f.block_max(qi, qb, kb, h, b), select(kept, score, kLowest));
+    // What the block's exponentials are taken from. fp32: its max. bf16: the max rounded up
+    // to a multiple of ln 2, so that exp(s − offset) is exp(s) times a power of 2 (to f32's
+    // error) whichever block it is: its rounding to bf16 is then the same in every block
+    // and in the reference (which takes any multiple of ln 2), and the weights stay in (½, 1]
+    // at the block's max. A block with no key kept keeps kLowest.
+    // (fp32 defines no Func for it, which would change the stages frozen schedules name.)
+    Func offset_of = f.block_max;
+    if (bf16) {
+        Expr block_max = f.block_max(qi, qb, kb, h, b);
+        const float ln2 = 0.693147180559945309f;
+        offset_of = f.block_offset = Func{"block_offset"};
+        f.block_offset(qi, qb, kb, h, b) = select(block_max > kLowest, ceil(block_max * (1.0f / ln2)) * ln2, kLowest);
+    }
     f.block_exp = Func{"block_exp"};
-    f.block_exp(kl, kc, qi, qb, kb, h, b) = undef<float>();
+    const Type weight_type = bf16 ? BFloat(16) : Float(32);
+    f.block_exp(kl, kc, qi, qb, kb, h, b) = undef(weight_type);
     // Halide's fast_exp: 1.7e-6 relative error at most on [-87, 0] (exp: 3.5e-7), and on
     // long contexts 2% faster overall; it is meant for inputs that do not underflow,
-    // hence the clamp (exp(-87) = 1.6e-38 stands for smaller weights).
-    f.block_exp(lane, chunk, qi, qb, kb, h, b) =
-        select(kept, fast_exp(max(score - f.block_max(qi, qb, kb, h, b), -87.0f)), 0.0f);
-    Expr weight = f.block_exp(lane, chunk, qi, qb, kb, h, b);
+    // hence the clamp (exp(-87) = 1.6e-38 stands for smaller weights). bf16: the weight
+    // rounded, as P·V reads it, and as the sum takes it.
+    f.block_exp(lane, chunk, qi, qb, kb, h, b) = cast(
+        weight_type, select(kept, fast_exp(max(score - offset_of(qi, qb, kb, h, b), -87.0f)), 0.0f));
+    Expr weight = cast<float>(f.block_exp(lane, chunk, qi, qb, kb, h, b));
     f.block_sum = Func{"block_sum"};
     f.block_sum(qi, qb, kb, h, b) = 0.0f;
     f.block_sum(qi, qb, kb, h, b) += weight;
     f.block_context = Func{"block_context"};
     f.block_context(e, qi, qb, kb, h, b) = 0.0f;
-    f.block_context(e, qi, qb, kb, h, b) += weight * f.values(e, key, h, b);
+    if (bf16) {
+        // Pairs of keys: (pair, key_pair_in_chunk, chunk), the key chunk·C + 2·key_pair + pair.
+        f.key_pairs = RDom({{0, 2}, {0, C / 2}, {0, blocking.chunks()}}, "key_pairs");
+        const RVar &p = f.key_pairs.x, &lane_pair = f.key_pairs.y, &pair_chunk = f.key_pairs.z;
+        if (blocking.chunks() > 1) f.key_pairs.where(kb * K + pair_chunk * C < key_limit);
+        f.block_context(e, qi, qb, kb, h, b) +=
+            cast<float>(f.block_exp(2 * lane_pair + p, pair_chunk, qi, qb, kb, h, b)) *
+            cast<float>(f.values(p, e, (kb * K + pair_chunk * C) / 2 + lane_pair, h, b));
+    } else {
+        f.block_context(e, qi, qb, kb, h, b) += weight * f.values(e, key, h, b);
+    }
 
     f.key_blocks = RDom(0, (s_k + K - 1) / K, "key_blocks");
     f.key_blocks.where(f.key_blocks * K < key_limit);
@@ -328,12 +386,12 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     f.running = Func{"running"};
     f.running(e, qi, qb, h, b) = Tuple(0.0f, kLowest, 0.0f);
     FuncRef now = f.running(e, qi, qb, h, b);
-    Expr block_max = f.block_max(qi, qb, block, h, b);
-    Expr new_max = max(now[1], block_max);
-    // exp(now[1] − new_max) and exp(block_max − new_max): one of them is exp(0) = 1, so
-    // one exponential of −|now[1] − block_max| gives both.
-    Expr block_is_max = block_max >= now[1];
-    Expr rescale = exp(-abs(now[1] - block_max));
+    Expr offset = offset_of(qi, qb, block, h, b);
+    Expr new_max = max(now[1], offset);
+    // exp(now[1] − new_max) and exp(offset − new_max): one of them is exp(0) = 1, so
+    // one exponential of −|now[1] − offset| gives both.
+    Expr block_is_max = offset >= now[1];
+    Expr rescale = exp(-abs(now[1] - offset));
     Expr keep_old = select(block_is_max, rescale, 1.0f), keep_block = select(block_is_max, 1.0f, rescale);
     f.running(e, qi, qb, h, b) = Tuple(now[0] * keep_old + f.block_context(e, qi, qb, block, h, b) * keep_block,
                                        new_max, now[2] * keep_old + f.block_sum(qi, qb, block, h, b) * keep_block);
@@ -437,8 +495,10 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         l.context = weighted_sum(l.softmax.probs, v_heads, head_dim, in.s_q, in.s_k);
         ctx = l.context.ctx;
     } else {
-        l.flash = flash_attention(q_heads, k_heads, v_heads, key_padding_mask, l.key_end, in.bias, in.causal, head_dim,
-                                  in.s_q, in.s_k, in.blocking, packed ? l.packed.length : Func());
+        l.flash = flash_attention(q_heads, k_heads, v_heads, key_padding_mask, l.key_end, in.bias, in.bias_keys,
+                                  in.causal, head_dim,
+                                  in.s_q, in.s_k, in.blocking, packed ? l.packed.length : Func(),
+                                  core_precision(in.precision));
         ctx = l.flash.ctx;
     }
     if (packed) {

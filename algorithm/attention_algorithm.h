@@ -49,9 +49,11 @@ enum class WeightLayout { linear, transposed };
 // arrive quantized once by their caller (int8, symmetric, one scale per output feature, with
 // each output's sum of quantized weights), the activations are quantized per token row as
 // they enter (u8, asymmetric: QuantizedRows), and the products are summed in i32 four input
-// features at a time: the unit of AVX512_VNNI's vpdpbusd (u8 × i8). The attention core, the
-// softmax, the residual and LayerNorm stay f32.
+// features at a time: the unit of AVX512_VNNI's vpdpbusd (u8 × i8). The softmax, the residual
+// and LayerNorm stay f32; the attention core's products are in core_precision.
 enum class Precision { fp32, bf16, int8 };
+// The flash core's precision in a layer of `layer` precision: bf16 in bf16 (FlashAttention).
+Precision core_precision(Precision layer);
 
 // Rows of activations quantized to u8 per token row (DESIGN.md, "Reduced precision"): the
 // row's range [low, high] = [min(0, min x), max(0, max x)] in 255 steps of `step`, zero at
@@ -204,9 +206,22 @@ Halide::Func last_real_key(Halide::Func key_padding_mask, Halide::Expr s_k);
 // key_chunk keys, stop at the causal diagonal of the block's last query and at the
 // batch's last real key; a query block wholly past query_end(b), when given (the end of
 // a packed sequence), visits none. Masks and the bias apply per score as in MaskedSoftmax.
+//
+// In bf16 (precision), Q, K and V are rounded to bf16 as the core reads them, and so are
+// the exponentials, which P·V and the sums take as rounded: QKᵀ sums pairs of head
+// features and P·V pairs of keys, bf16 products summed in f32 (vdpbf16ps where the target
+// has it). The exponentials are taken from the block's max rounded up to a multiple of ln 2
+// (block_offset), so that each weight is exp(score) times a power of 2 and rounds to bf16 the
+// same whatever the blocking (DESIGN.md, "Reduced precision").
 struct FlashAttention {
-    Halide::Func keys;         // (key, head_dim, head, batch): K packed per head, keys innermost
-    Halide::Func values;       // (head_dim, key, head, batch): V packed per head
+    Precision precision;       // fp32 or bf16
+    // fp32: (key, head_dim, head, batch), K packed per head, keys innermost. bf16:
+    // (pair, key, head_dim_pair, head, batch), K[key, 2·head_dim_pair + pair] rounded, zero past d.
+    Halide::Func keys;
+    // fp32: (head_dim, key, head, batch), V packed per head. bf16: (pair, head_dim, key_pair,
+    // head, batch), V[2·key_pair + pair, head_dim] rounded.
+    Halide::Func values;
+    Halide::Func queries;      // bf16: (head_dim, head, query, batch), Q rounded; undefined in fp32
     Halide::Func key_is_real;  // (key, batch): a real token within s_k, for whole blocks
     // Per (key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch):
     Halide::Func dot;        // Q·Kᵀ
@@ -214,19 +229,24 @@ struct FlashAttention {
     Halide::Func block_exp;  // exp(score − block_max), 0 where excluded; an update like scores
     // Per (query_in_block, query_block, key_block, head, batch):
     Halide::Func block_max, block_sum;
+    Halide::Func block_offset;   // bf16: what the exponentials subtract, block_max rounded up to a multiple of ln 2 (fp32: block_max)
     Halide::Func block_context;  // (head_dim, query_in_block, ...): Σ exp · V over the block
     Halide::Func running;        // (head_dim, query_in_block, query_block, head, batch): Tuple(context, max, sum)
     Halide::Func block_result;   // (head_dim, query_in_block, query_block, head, batch): context / sum
     Halide::Func ctx;            // (head_dim, head, query, batch): block_result by query, as WeightedSum's ctx
-    Halide::RDom e;              // the head dimension, for Q·Kᵀ
+    Halide::RDom e;              // the head dimension, for Q·Kᵀ (bf16: (pair, head_dim_pair))
     Halide::RDom key_in_block;   // (key_in_chunk, key_chunk): the chunks of a block a query block may see
+    Halide::RDom key_pairs;      // bf16: (pair, key pair in chunk, key_chunk), key_in_block's keys in pairs, for P·V
     Halide::RDom key_blocks;     // the key blocks visited
     Blocking blocking;
 };
+// bias_keys: the bias buffer's extent along keys, S_k or more (an absent bias's row of zeros
+// reaches past S_k, so that the last chunk of keys reads it without clamping).
 FlashAttention flash_attention(Halide::Func q_heads, Halide::Func k_heads, Halide::Func v_heads,
                                Halide::Func key_padding_mask, Halide::Func key_end, Halide::Func bias,
-                               Halide::Expr causal, Halide::Expr head_dim, Halide::Expr s_q, Halide::Expr s_k,
-                               Blocking blocking, Halide::Func query_end = Halide::Func());
+                               Halide::Expr bias_keys, Halide::Expr causal, Halide::Expr head_dim, Halide::Expr s_q, Halide::Expr s_k,
+                               Blocking blocking, Halide::Func query_end = Halide::Func(),
+                               Precision precision = Precision::fp32);
 
 // Packed variable-length sequences (DESIGN.md): the tokens of B sequences one after
 // another, sequence b being the token rows [offsets(b), offsets(b + 1)). The projections
@@ -279,6 +299,7 @@ struct LayerInputs {
     Halide::Func weight_scales;
     Halide::Func key_padding_mask;  // (key, batch)
     Halide::Func bias;              // (key, query, head, batch)
+    Halide::Expr bias_keys;         // the bias's extent along keys, S_k or more (flash_attention)
     Halide::Expr causal, heads, eps, hidden, s_q, s_k;
     // Packed sequences instead of a batch: x (and kv) hold T = `tokens` token rows as a
     // batch of one, sequence_offsets (batch) has `sequences` + 1 entries, s_q = s_k is the

@@ -24,7 +24,8 @@ public:
         Expr head_dim = q.dim(0).extent() / heads, s_q = q.dim(1).extent(), s_k = k.dim(1).extent();
         key_end_ = last_real_key(key_padding_mask, s_k);
         flash_ = flash_attention(split_heads("q_heads", q, head_dim), split_heads("k_heads", k, head_dim),
-                                 split_heads("v_heads", v, head_dim), key_padding_mask, key_end_, bias, causal,
+                                 split_heads("v_heads", v, head_dim), key_padding_mask, key_end_, bias,
+                                 bias.dim(0).extent(), causal,
                                  head_dim, s_q, s_k, blocking());
         const Dims d;
         out_ = Func{"context"};

@@ -78,6 +78,7 @@ public:
         in.weight_layout = layer_weights(get_target(), precision);
         if (weight_scales) in.weight_scales = *weight_scales;
         in.bias = bias;
+        in.bias_keys = bias.dim(0).extent();
         in.causal = causal, in.heads = heads, in.eps = eps;
         in.output_probs = output_probs;
         in.blocking = this->blocking();

@@ -161,7 +161,8 @@ void schedule_quantized(attn_gen::QuantizedRows q, const Target &target) {
 // each reducing over `reduction`; each tile of the column operand is reused by every
 // row tile while it is in L1.
 void tiled_rows(Func product, const Var &col, const Var &row, const std::vector<RVar> &reduction, int column_vectors,
-                LoopLevel at, const CpuTiling &t, const Target &target) {
+                LoopLevel at, const CpuTiling &t, const Target &target,
+                attn_gen::Precision precision = attn_gen::Precision::fp32) {
     const int vw = vector_width(target), columns = vw * column_vectors;
     Var co{"co"}, ci{"ci"}, ro{"ro"}, ri{"ri"};
     Func rows = product.in();
@@ -171,7 +172,7 @@ void tiled_rows(Func product, const Var &col, const Var &row, const std::vector<
         .split(row, ro, ri, t.tile_rows, kGuard)
         .reorder(ci, ri, ro, co)
         .vectorize(ci, vw, kGuard);
-    register_tile(product, col, row, reduction, columns, LoopLevel(rows, ro), t, target);
+    register_tile(product, col, row, reduction, columns, LoopLevel(rows, ro), t, target, precision);
 }
 
 // Q·Kᵀ for the rows of `block` (a block of queries, all keys): K is transposed per
@@ -296,27 +297,50 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
         .vectorize(e, vw, kGuard);
     LoopLevel pair(f.ctx, head_batch), rows(f.ctx, io);
     key_end.compute_root();
-    f.keys.compute_at(pair).vectorize(j, vw, kGuard);
-    f.values.compute_at(pair).vectorize(e, vw, kGuard);
+    const bool bf16 = f.precision == attn_gen::Precision::bf16;
+    if (bf16) {
+        // K and V rounded in pairs (attn_gen::FlashAttention::keys, values), stored as the
+        // register tiles read them: with native bf16 a pair innermost, so that one load is
+        // vw keys' (or head features') pairs; otherwise the keys (head features) innermost.
+        Var p = f.keys.args()[0], e_pair = f.keys.args()[2], j_pair = f.values.args()[2];
+        f.keys.compute_at(pair).bound_extent(p, 2).reorder(p, j, e_pair).vectorize(j, vw, kGuard).unroll(p);
+        f.values.compute_at(pair).bound_extent(p, 2).reorder(p, e, j_pair).vectorize(e, vw, kGuard).unroll(p);
+        if (!native_bf16(target)) {
+            f.keys.reorder_storage(j, p, e_pair);
+            f.values.reorder_storage(e, p, j_pair);
+        }
+        f.queries.compute_at(rows).vectorize(e, vw, kGuard);
+    } else {
+        f.keys.compute_at(pair).vectorize(j, vw, kGuard);
+        f.values.compute_at(pair).vectorize(e, vw, kGuard);
+    }
     f.key_is_real.compute_at(pair).vectorize(j, vw, kGuard);
 
     // Not GuardWithIf: its tail test inside the loop over key blocks keeps Halide from
     // turning the key-block predicate into that loop's bound (the running state is
     // internal, so rounding e up only computes a few lanes more).
     f.running.compute_at(rows).store_in(MemoryType::Stack).vectorize(e, vw);
-    f.running.update().reorder(e, qi, key_block).vectorize(e, vw);
+    // The clamped read of the bias (attn_gen::FlashAttention::scores) is split off per chunk,
+    // not per key block: at S <= key_block the one block is the last, and all of it would clamp.
+    f.running.update().reorder(e, qi, key_block).vectorize(e, vw).partition(key_block, Partition::Never);
     LoopLevel step(f.running, key_block);
     f.scores.compute_at(step).store_in(MemoryType::Stack);
     f.scores.update()
         .split(qi, qo, qii, t.tile_rows, kGuard)
         .reorder(lane, qii, qo, f.key_in_block.y)
-        .vectorize(lane, vw);
-    register_tile(f.dot, kl, qi, {f.e}, f.blocking.key_chunk, LoopLevel(f.scores, qo), t, target);
+        .vectorize(lane, vw)
+        .partition(f.key_in_block.y, Partition::Always);
+    std::vector<RVar> head_features{f.e.x};
+    if (bf16) head_features.push_back(f.e.y);
+    register_tile(f.dot, kl, qi, head_features, f.blocking.key_chunk, LoopLevel(f.scores, qo), t, target, f.precision);
     vectorized_row_reduction(f.block_max, lane, step, target);
+    if (bf16) f.block_offset.compute_at(step).store_in(MemoryType::Stack);
     f.block_exp.compute_at(step).store_in(MemoryType::Stack);
     f.block_exp.update().vectorize(lane, vw);
     vectorized_row_reduction(f.block_sum, lane, step, target);
-    tiled_rows(f.block_context, e, qi, {lane, f.key_in_block.y}, t.context_vectors, step, t, target);
+    const std::vector<RVar> keys = bf16 ? std::vector<RVar>{f.key_pairs.x, f.key_pairs.y, f.key_pairs.z}
+                                        : std::vector<RVar>{lane, f.key_in_block.y};
+    tiled_rows(f.block_context, e, qi, keys, t.context_vectors, step, t, target, f.precision);
 }
 
 // Packed sequences: each token row's sequence (a vectorized count over the sequence

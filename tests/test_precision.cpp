@@ -233,6 +233,9 @@ INSTANTIATE_TEST_SUITE_P(Precisions, ReducedPrecisionTest, ::testing::Values(Pre
 // and likewise for the output projection's √Σ_e (c_e·W_o)² term; the rest propagates as in bf16.
 // (A row's largest value may be clamped to 255, one step off instead of half: one element of a
 // row, which the 6 sd absorb.)
+// A bf16 core (ReducedPrecision::bf16_core) also rounds q, k and v (each adds u/√3·|a| to its
+// sd, in quadrature) and the weights: ΔP_j = P_j·(δ_j − Σ_l P_l·δ_l), so sd ΔP_j gains at most
+// P_j·2u/√3.
 // The bound is 6 sd (a Gaussian tail of 2e-9 per element) plus the accuracy rule's allowance
 // for evaluating in f32 (2 × the plain float32 error + 1e-5).
 std::vector<double> fp32_bound(const Problem &p, const LayerData &d, const reference::LayerOutputs<double> &r,
@@ -275,8 +278,17 @@ std::vector<double> fp32_bound(const Problem &p, const LayerData &d, const refer
                 sd[row * H + o] = sum_sd(a, w, row, o, int8 ? x_steps[std::size_t(row)] : 0, int8 ? scales[std::size_t(o)] : 0);
         return sd;
     };
-    const std::vector<double> sq = projection_sd(d.x, d.w_q), sk = projection_sd(d.x, d.w_k),
-                              sv = projection_sd(d.x, d.w_v);
+    // With a bf16 core, each of q, k and v rounded once more as the core reads it.
+    const bool bf16_core = reduced_precision(precision).bf16_core;
+    auto core_operand_sd = [&](std::vector<double> sd, const std::vector<double> &value) {
+        if (bf16_core)
+            for (std::size_t i = 0; i < sd.size(); ++i) sd[i] = std::hypot(sd[i], u / std::sqrt(3.0) * value[i]);
+        return sd;
+    };
+    const std::vector<double> sq = core_operand_sd(projection_sd(d.x, d.w_q), r.q),
+                              sk = core_operand_sd(projection_sd(d.x, d.w_k), r.k),
+                              sv = core_operand_sd(projection_sd(d.x, d.w_v), r.v);
+    const double weight_sd = bf16_core ? 2 * u / std::sqrt(3.0) : 0;
     std::vector<double> sc(static_cast<std::size_t>(rows * H), 0.0), ss(static_cast<std::size_t>(S)),
         sp(static_cast<std::size_t>(S));
     for (int64_t b = 0; b < B; ++b)
@@ -294,7 +306,7 @@ std::vector<double> fp32_bound(const Problem &p, const LayerData &d, const refer
                     ss[j] = std::sqrt(v / double(dh));
                     mixed += P[j] * ss[j];
                 }
-                for (int64_t j = 0; j < S; ++j) sp[j] = P[j] * (ss[j] + mixed);
+                for (int64_t j = 0; j < S; ++j) sp[j] = P[j] * (ss[j] + mixed + weight_sd);
                 for (int64_t e = 0; e < dh; ++e) {
                     double c = 0;
                     for (int64_t j = 0; j < S; ++j) {

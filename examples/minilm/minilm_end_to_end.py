@@ -155,7 +155,7 @@ def reduced_chain(args, model_dir, tokenizer, exact, plain, config, precision):
     mask = np.array([e.attention_mask for e in encodings], dtype=bool)
     np.save(args.work / "reduced_mask.npy", mask)
     x, x_exact = plain.embeddings(ids).astype(np.float32), exact.embeddings(ids)
-    print(f"{precision} (the attention layers' projections; {len(REDUCED_SENTENCES)} sentences, padded to {ids.shape[1]}):")
+    print(f"{precision} (the attention layers; {len(REDUCED_SENTENCES)} sentences, padded to {ids.shape[1]}):")
     for layer in range(config["num_hidden_layers"]):
         np.save(args.work / "x.npy", x)
         out = run_attn(args.attn, "run", "--model", str(model_dir), "--layer", str(layer), "--input",

@@ -340,9 +340,10 @@ class AttentionLayer:
     arrays or torch tensors; they are viewed, not copied, and must not change while the layer
     is used (torch.nn.Module parameters may: from_hf keeps the module's own tensors).
 
-    precision="bf16" computes the four projections in bf16 (attn::Precision::bf16): the weight
-    matrices rounded to bf16 once, here (so later changes to them are not seen), the inputs of
-    each projection rounded as they enter, f32 sums. It runs on a CPU with avx512bf16, or,
+    precision="bf16" computes the four projections and the attention core's products (QKᵀ,
+    P·V) in bf16 (attn::Precision::bf16): the weight matrices rounded to bf16 once, here (so
+    later changes to them are not seen), the inputs of each product rounded as they enter, f32
+    sums. It runs on a CPU with avx512bf16, or,
     with allow_storage_only=True, as bf16 storage with f32 arithmetic elsewhere; without
     probabilities. precision="int8" computes them in int8 (attn::Precision::int8): the weight
     matrices quantized once, here, per output feature, the inputs of each projection quantized

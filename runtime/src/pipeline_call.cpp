@@ -124,7 +124,11 @@ BiasInput bias_input(const ConstTensor &bias, int64_t batch, int64_t heads, int6
     const int32_t sk = int32_t(s_k), sq = int32_t(s_q), h = int32_t(heads), bt = int32_t(batch);
     BiasInput b;
     if (bias.empty()) {
-        b.buffer = broadcast_row<float>(sk, 0.0f, {sq, h, bt}, gpu, zeros);
+        // Zeros past S_k too, by more than the longest chunk of keys a flash core computes
+        // (16 lanes × 6 vectors), so that its last chunk reads them as a vector, unclamped
+        // (attn_gen::flash_attention's bias_keys).
+        constexpr int32_t kPastLastKey = 128;
+        b.buffer = broadcast_row<float>(sk + kPastLastKey, 0.0f, {sq, h, bt}, gpu, zeros);
         b.placed = true;
         return b;
     }

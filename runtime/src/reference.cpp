@@ -101,6 +101,20 @@ std::vector<T> linear(const std::vector<T> &in, int64_t rows, const ConstTensor 
     return out;
 }
 
+namespace {
+const double kLn2 = 0.693147180559945309;
+bool bf16_core(const Config &config) {
+    return config.precision != Precision::fp32 && reduced_precision(config.precision).bf16_core;
+}
+// The core's operands in its precision: themselves, or each rounded to bf16.
+template <typename T>
+std::vector<T> core_operand(const Config &config, std::vector<T> values) {
+    if (bf16_core(config))
+        for (T &v : values) v = T(round_to_bf16(float(v)));
+    return values;
+}
+}  // namespace
+
 template <typename T>
 std::vector<T> attention_scores(const Config &config, Sizes sz, const std::vector<T> &q, const std::vector<T> &k,
                                 const ConstTensor &bias) {
@@ -146,9 +160,16 @@ std::vector<T> masked_softmax(const Config &config, Sizes sz, const std::vector<
                     }
                 }
                 if (!any) continue;  // fully masked row: zeros
+                // A bf16 core's weights are rounded to bf16 before they are summed and weight V,
+                // taken from a multiple of ln 2 (any: a power of 2 does not change the rounding).
+                const bool bf16 = bf16_core(config);
+                const T offset = bf16 ? std::ceil(row_max / T(kLn2)) * T(kLn2) : row_max;
                 T sum = 0;
                 for (int64_t j = 0; j < sz.s_k; ++j) {
-                    if (keep[j]) sum += (probs[row + j] = std::exp(scores[row + j] - row_max));
+                    if (!keep[j]) continue;
+                    T weight = std::exp(scores[row + j] - offset);
+                    if (bf16) weight = T(round_to_bf16(float(weight)));
+                    sum += (probs[row + j] = weight);
                 }
                 for (int64_t j = 0; j < sz.s_k; ++j) probs[row + j] /= sum;
             }
@@ -252,9 +273,9 @@ LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &given,
     out.q = linear(x_in, sz.batch * sz.s_q, w.w_q, w.b_q);
     out.k = linear(kv_in, sz.batch * sz.s_k, w.w_k, w.b_k);
     out.v = linear(kv_in, sz.batch * sz.s_k, w.w_v, w.b_v);
-    out.scores = attention_scores(config, sz, out.q, out.k, in.bias);
+    out.scores = attention_scores(config, sz, core_operand(config, out.q), core_operand(config, out.k), in.bias);
     out.probs = masked_softmax(config, sz, out.scores, in.key_padding_mask);
-    out.ctx = weighted_sum(config, sz, out.probs, out.v);
+    out.ctx = weighted_sum(config, sz, out.probs, core_operand(config, out.v));
     out.y = output_layernorm(config, sz, gemm_input(config, out.ctx, H), x, w);
     return out;
 }
@@ -309,9 +330,97 @@ ATTN_INSTANTIATE(float)
 ATTN_INSTANTIATE(double)
 #undef ATTN_INSTANTIATE
 
+namespace {
+// Whether a value lies within eta of a midpoint between bf16 neighbours, and its bf16 ulp.
+bool near_bf16_midpoint(double c, double eta) {
+    if (c == 0 || !std::isfinite(c)) return false;
+    const double ulp = std::ldexp(1.0, std::ilogb(c) - 7);
+    const double toward_zero = std::trunc(c / ulp) * ulp;
+    return std::abs(c - (toward_zero + std::copysign(ulp / 2, c))) < eta;
+}
+double bf16_ulp(double c) { return c == 0 ? 0 : std::ldexp(1.0, std::ilogb(c) - 7); }
+
+// A bf16 core's share of η (context_allowance): per element of the context, how far an
+// implementation's may move because one of its own roundings to bf16 goes the other way
+// where the reference's value lies near a midpoint (within η: twice the plain f32 error, and
+// for a weight also fast_exp's error and that of its offset in f32, the score's plain f32
+// error taken on the rounded operands). A flip of q or k by one
+// ulp moves the scores by a_j (|Δs| of the flipped features' products); weights P·e^a
+// renormalized move each P_j by a ratio within [e^-|a_j| / Σ P·e^|a|, e^(|a_j| + Σ P·|a|)];
+// a flipped weight moves its P_j by at most 2^-6 relatively (one ulp, 2^-7 of it, and the
+// sum's share); so Δc_e <= Σ_j |ΔP_j|·|v_je − c_e| + Σ_(v_je flipped) P_j·ulp(v_je).
+std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const LayerOutputs<double> &exact,
+                                      const LayerOutputs<float> &float32) {
+    const int64_t H = config.hidden_size, heads = config.num_heads, d = config.head_dim();
+    const double scale = 1 / std::sqrt(double(d));
+    std::vector<double> eta(exact.ctx.size(), 0.0);
+    // ulp of each element of q, k, v that may round the other way, else 0.
+    auto flips = [](const std::vector<double> &x, const std::vector<float> &x32) {
+        std::vector<double> f(x.size(), 0.0);
+        for (std::size_t i = 0; i < x.size(); ++i) {
+            const double c = x[i], err = 2 * std::abs(double(x32[i]) - c) + 1e-7 * std::abs(c);
+            if (near_bf16_midpoint(c, err)) f[i] = bf16_ulp(c);
+        }
+        return f;
+    };
+    const std::vector<double> fq = flips(exact.q, float32.q), fk = flips(exact.k, float32.k),
+                              fv = flips(exact.v, float32.v);
+    std::vector<double> a(std::size_t(sz.s_k)), change(std::size_t(sz.s_k)), dot_error(std::size_t(sz.s_k));
+    for (int64_t b = 0; b < sz.batch; ++b)
+        for (int64_t h = 0; h < heads; ++h)
+            for (int64_t i = 0; i < sz.s_q; ++i) {
+                const int64_t row = ((b * heads + h) * sz.s_q + i) * sz.s_k, qi = (b * sz.s_q + i) * H + h * d;
+                const double *P = &exact.probs[std::size_t(row)];
+                double row_max = -std::numeric_limits<double>::infinity();
+                for (int64_t j = 0; j < sz.s_k; ++j)
+                    if (P[j] > 0) row_max = std::max(row_max, exact.scores[std::size_t(row + j)]);
+                if (!std::isfinite(row_max)) continue;
+                const double offset = std::ceil(row_max / kLn2) * kLn2;
+                double mean_a = 0, z_plus = 0;
+                for (int64_t j = 0; j < sz.s_k; ++j) {
+                    const int64_t kj = (b * sz.s_k + j) * H + h * d;
+                    double aj = 0, dot = 0;
+                    float dot32 = 0;
+                    for (int64_t e = 0; e < d; ++e) {
+                        aj += fq[qi + e] * std::abs(exact.k[kj + e]) + fk[kj + e] * std::abs(exact.q[qi + e]);
+                        const float qe = round_to_bf16(float(exact.q[qi + e])), ke = round_to_bf16(float(exact.k[kj + e]));
+                        dot += double(qe) * double(ke), dot32 += qe * ke;
+                    }
+                    a[j] = aj * scale;
+                    // The plain f32 error of the score from the same rounded operands.
+                    dot_error[j] = std::abs(double(dot32) - dot) * scale;
+                    mean_a += P[j] * a[j];
+                    z_plus += P[j] * std::exp(a[j]);
+                }
+                for (int64_t j = 0; j < sz.s_k; ++j) {
+                    change[j] = 0;
+                    if (P[j] == 0) continue;
+                    const double s = exact.scores[std::size_t(row + j)], w = std::exp(s - offset);
+                    const double score_error = a[j] + 2 * dot_error[j] + 0x1p-23 * std::abs(s);
+                    const double w_eta = w * (score_error + 2e-6 + 0x1p-23 * (std::abs(s) + std::abs(offset)));
+                    const double ratio = std::max(std::exp(a[j] + mean_a) - 1, 1 - std::exp(-a[j]) / z_plus);
+                    change[j] = P[j] * (ratio + (near_bf16_midpoint(w, w_eta) ? 0x1p-6 : 0.0));
+                }
+                for (int64_t e = 0; e < d; ++e) {
+                    const double c = exact.ctx[qi + e];
+                    double moved = 0;
+                    for (int64_t j = 0; j < sz.s_k; ++j) {
+                        const int64_t vj = (b * sz.s_k + j) * H + h * d + e;
+                        moved += change[j] * std::abs(exact.v[vj] - c) + P[j] * fv[vj];
+                    }
+                    eta[qi + e] = moved;
+                }
+            }
+    return eta;
+}
+}  // namespace
+
 double context_allowance(const Config &config, const LayerWeights &given, const AttentionInputs &inputs,
                          const LayerOutputs<double> &exact, const LayerOutputs<float> &float32) {
     if (config.precision == Precision::fp32) return 0;
+    const Sizes sz{inputs.x.shape[0], inputs.x.shape[1], inputs.kv.empty() ? inputs.x.shape[1] : inputs.kv.shape[1]};
+    const std::vector<double> core_eta =
+        bf16_core(config) ? core_rounding_eta(config, sz, exact, float32) : std::vector<double>(exact.ctx.size(), 0.0);
     const bool int8 = config.precision == Precision::int8;
     std::vector<std::vector<float>> rounded;
     const LayerWeights w = gemm_weights(config, given, rounded);
@@ -327,7 +436,8 @@ double context_allowance(const Config &config, const LayerWeights &given, const 
         std::fill(shift.begin(), shift.end(), 0.0);
         // η: how far an implementation's context element may lie from the exact one.
         auto eta_of = [&](int64_t e) {
-            return 2 * std::abs(double(float32.ctx[r * H + e]) - exact.ctx[r * H + e]) + 4e-6 * max_v;
+            return 2 * std::abs(double(float32.ctx[r * H + e]) - exact.ctx[r * H + e]) + 4e-6 * max_v +
+                   core_eta[r * H + e];
         };
         if (int8) {
             // The row's quantization (QuantizedRows): an element moves to the other side of a
@@ -359,13 +469,10 @@ double context_allowance(const Config &config, const LayerWeights &given, const 
             }
         } else {
             for (int64_t e = 0; e < H; ++e) {
+                // (a zero context, a fully masked row's, is exact)
                 const double c = exact.ctx[r * H + e];
-                if (c == 0) continue;  // (a zero context, a fully masked row's, is exact)
-                // The midpoint between the bf16 neighbours of c: the one toward zero plus half an ulp.
-                const double ulp = std::ldexp(1.0, std::ilogb(c) - 7);
-                const double toward_zero = std::trunc(c / ulp) * ulp;
-                if (std::abs(c - (toward_zero + std::copysign(ulp / 2, c))) >= eta_of(e)) continue;
-                for (int64_t o = 0; o < H; ++o) shift[o] += ulp * std::abs(double(w.w_o.data[o * H + e]));
+                if (!near_bf16_midpoint(c, eta_of(e))) continue;
+                for (int64_t o = 0; o < H; ++o) shift[o] += bf16_ulp(c) * std::abs(double(w.w_o.data[o * H + e]));
             }
         }
         const double largest = *std::max_element(shift.begin(), shift.end());

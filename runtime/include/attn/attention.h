@@ -245,16 +245,19 @@ std::vector<const VariantInfo *> precision_variants(Precision precision);
 bool computes_natively(const VariantInfo &variant, Precision precision);
 // A reduced precision's fused-layer functions (manifest.json), which
 // attn::precision_variants() have: over a padded batch, and over packed sequences; and the
-// CPU feature of the ISAs that compute it natively, and what the others do instead.
+// CPU feature of the ISAs that compute it natively, and what the others do instead; and
+// whether the attention core's products (QKᵀ, P·V) are in bf16 too (DESIGN.md, "Reduced
+// precision"; the generators' attn_gen::core_precision).
 struct ReducedPrecision {
     Precision precision;
     const char *name, *layer, *packed_layer, *cpu_feature, *without_feature;
+    bool bf16_core;
 };
 inline constexpr ReducedPrecision kReducedPrecisions[] = {
     {Precision::bf16, "bf16", "attention_layer_bf16", "attention_layer_packed_bf16", "avx512bf16",
-     "store bf16 and compute in f32"},
+     "store bf16 and compute in f32", true},
     {Precision::int8, "int8", "attention_layer_int8", "attention_layer_packed_int8", "avx512vnni",
-     "sum the int8 products without vpdpbusd"},
+     "sum the int8 products without vpdpbusd", false},
 };
 // Throws attn::Error("precision") for fp32 (or a value out of range).
 const ReducedPrecision &reduced_precision(Precision precision);

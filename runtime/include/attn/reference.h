@@ -30,6 +30,9 @@ std::vector<T> attention_scores(const Config &config, Sizes sizes, const std::ve
                                 const ConstTensor &bias);
 
 // Softmax over keys; excluded keys (padding, causal) get 0; a row with none kept is all 0.
+// With a bf16 core (config.precision's ReducedPrecision::bf16_core), each weight
+// exp(score − offset) is rounded to bf16 before the weights are summed, offset being the row
+// max rounded up to a multiple of ln 2, as the flash core does (attn_gen::FlashAttention).
 template <typename T>
 std::vector<T> masked_softmax(const Config &config, Sizes sizes, const std::vector<T> &scores,
                               const MaskTensor &key_padding_mask);
@@ -57,7 +60,8 @@ struct LayerOutputs {
 // Q, K and V; the context as it enters the output projection), then in T like fp32; int8
 // likewise from the weights quantized (attn::quantize_int8) and the inputs quantized per
 // row (attn::quantize_row_u8, from their values in f32), each dequantized; the residual is
-// the unrounded x.
+// the unrounded x. A bf16 core (ReducedPrecision::bf16_core) also rounds Q, K and V as the
+// core reads them (LayerOutputs holds them unrounded), and its weights (masked_softmax).
 template <typename T>
 LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &weights, const AttentionInputs &inputs);
 
@@ -67,8 +71,9 @@ LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &weight
 // bf16: an element of the context is such a candidate when the exact value is within η of a
 // midpoint, η = 2·|float32 − exact| (the accuracy rule's f32 error) + 4e-6·max|V| (the
 // flash core's exp, Halide's fast_exp, errs by 1.7e-6 relatively at most, in the weights
-// and in their sum); each candidate moves the output projection z by one bf16 ulp times
-// |W_o|. int8: the same η, measured in steps of the row's quantization and widened by
+// and in their sum), plus, with a bf16 core, how far the context may move where one of the
+// core's own roundings (of Q, K, V or a weight) goes the other way near a midpoint; each
+// candidate moves the output projection z by one bf16 ulp times |W_o|. int8: the same η, measured in steps of the row's quantization and widened by
 // the change of the row's range (low and high each move by at most the row's largest η),
 // each candidate moving z by one step times |W_o|, and the step's own relative change
 // moving z by as much. LayerNorm passes a row's Δz on to y as at most
