@@ -29,7 +29,7 @@ void define_weight_transposed(Func weight_t, Func weight, WeightLayout layout, E
 }
 }  // namespace
 
-Precision core_precision(Precision layer) { return layer == Precision::bf16 ? Precision::bf16 : Precision::fp32; }
+Precision core_precision(Precision layer) { return layer == Precision::fp32 ? Precision::fp32 : Precision::bf16; }
 
 Func rounded_to_bf16(const std::string &name, Func in, Expr features) {
     Func rounded{name};

@@ -52,7 +52,8 @@ enum class WeightLayout { linear, transposed };
 // features at a time: the unit of AVX512_VNNI's vpdpbusd (u8 × i8). The softmax, the residual
 // and LayerNorm stay f32; the attention core's products are in core_precision.
 enum class Precision { fp32, bf16, int8 };
-// The flash core's precision in a layer of `layer` precision: bf16 in bf16 (FlashAttention).
+// The flash core's precision in a layer of `layer` precision: bf16 in bf16 and int8
+// (FlashAttention); the runtime's attn::ReducedPrecision::bf16_core says the same.
 Precision core_precision(Precision layer);
 
 // Rows of activations quantized to u8 per token row (DESIGN.md, "Reduced precision"): the

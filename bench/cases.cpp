@@ -100,7 +100,8 @@ void release_fixtures() {
 }
 
 std::string accuracy_error(Prepared &prepared, const float *actual, const std::vector<double> &exact,
-                           const std::vector<float> &plain, const std::string &who, double allowance) {
+                           const std::vector<float> &plain, const std::string &who,
+                           const std::vector<double> &allowance) {
     if (exact.empty()) return "";
     const testing::Accuracy a = testing::check_accuracy(actual, exact, plain, allowance);
     prepared.max_error = std::max(prepared.max_error, a.max_error);
@@ -228,7 +229,7 @@ Prepared function_case(const std::string &function, const VariantInfo &variant, 
         for (std::size_t i = 0; i < shapes.size() && prepared.error.empty(); ++i) {
             prepared.error = accuracy_error(prepared, s->outputs[i].data(), ref->exact[i], ref->float32[i],
                                             function + " " + shapes[i].name + " " + variant.name,
-                                            i < ref->allowance.size() ? ref->allowance[i] : 0.0);
+                                            i < ref->allowance.size() ? ref->allowance[i] : std::vector<double>());
         }
     }
     return prepared;

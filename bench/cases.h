@@ -62,7 +62,8 @@ void release_fixtures();
 // message when the output is wrong, "" otherwise.
 // `allowance`: a reduced precision's (detail::CallReference::allowance).
 std::string accuracy_error(Prepared &prepared, const float *actual, const std::vector<double> &exact,
-                           const std::vector<float> &plain, const std::string &who, double allowance = 0);
+                           const std::vector<float> &plain, const std::string &who,
+                           const std::vector<double> &allowance = {});
 
 // One benchmark case, made ready on demand.
 struct Case {

@@ -115,7 +115,7 @@ int compare_variants(const BenchOptions &options) {
         config.allow_storage_only = true;  // a named variant runs as built; the row says so below
         std::vector<double> reduced_exact;
         std::vector<float> reduced_float32;
-        double allowance = 0;
+        std::vector<double> allowance;
         for (const VariantInfo *variant : precision_variants(p.precision)) {
             Row row{variant->name + "_" + p.name};
             row.reduced = true;
@@ -128,7 +128,7 @@ int compare_variants(const BenchOptions &options) {
             if (reduced_exact.empty()) {
                 if (problem.packed) {
                     auto exact = reference::attention_layer_packed<double>(config, data.weights(), packed.inputs());
-                    reduced_exact = std::move(exact.y), allowance = exact.allowance;
+                    reduced_exact = std::move(exact.y), allowance = std::move(exact.allowance);
                     reduced_float32 = reference::attention_layer_packed<float>(config, data.weights(), packed.inputs()).y;
                 } else {
                     auto exact = reference::attention_layer<double>(config, data.weights(), data.inputs());

@@ -130,9 +130,10 @@ bool GuardedOutput::guards_intact() const {
 }
 
 Accuracy check_accuracy(const float *actual, const std::vector<double> &reference,
-                        const std::vector<float> &plain_float32, double allowance) {
+                        const std::vector<float> &plain_float32, const std::vector<double> &allowance) {
     Accuracy a;
     double baseline = 0, total = 0;
+    std::vector<double> errors(reference.size());
     for (std::size_t i = 0; i < reference.size(); ++i) {
         // A NaN the reference does not have, or a missing one, is an infinite error.
         double e;
@@ -144,23 +145,28 @@ Accuracy check_accuracy(const float *actual, const std::vector<double> &referenc
             if (std::isnan(e)) e = INFINITY;
         }
         total += e;
-        if (i == 0 || e > a.max_error) {
-            a.max_error = e;
-            a.worst_index = i;
-            a.worst_actual = actual[i];
-            a.worst_reference = reference[i];
+        errors[i] = e;
+    }
+    const double base = 2 * baseline + kAbsoluteFloor;
+    auto allowed = [&](std::size_t i) { return base + (allowance.empty() ? 0.0 : allowance[i]); };
+    double worst_ratio = -1;
+    for (std::size_t i = 0; i < reference.size(); ++i) {
+        const double ratio = errors[i] / allowed(i);
+        if (ratio > worst_ratio) {
+            worst_ratio = ratio;
+            a.max_error = errors[i], a.worst_index = i, a.worst_actual = actual[i], a.worst_reference = reference[i];
         }
     }
     a.mean_error = reference.empty() ? 0 : total / double(reference.size());
-    a.allowance = allowance;
-    a.tolerance = 2 * baseline + kAbsoluteFloor + allowance;
+    a.allowance = allowance.empty() || reference.empty() ? 0.0 : allowance[a.worst_index];
+    a.tolerance = base + a.allowance;
     a.ok = a.max_error <= a.tolerance;
     return a;
 }
 
 std::string Accuracy::report(const std::string &what) const {
     std::ostringstream s;
-    s << what << ": max error " << max_error << " at index " << worst_index << " (got " << worst_actual
+    s << what << ": " << (allowance > 0 ? "error nearest its tolerance " : "max error ") << max_error << " at index " << worst_index << " (got " << worst_actual
       << ", reference " << worst_reference << "), mean error " << mean_error << ", tolerance " << tolerance
       << " (2 x plain float32 error + " << kAbsoluteFloor;
     if (allowance > 0) s << " + " << allowance << " for the reduced-precision rounding of the computed context";

@@ -68,6 +68,8 @@ private:
 
 // The accuracy rule of DESIGN.md: the error of `actual` against the double reference
 // may be at most twice that of the plain float32 implementation, plus a small floor.
+// max_error: the worst element's (the largest error; with an allowance, the error nearest its
+// own tolerance), tolerance and allowance: that element's.
 struct Accuracy {
     double max_error = 0, mean_error = 0, tolerance = 0, allowance = 0;
     std::size_t worst_index = 0;
@@ -76,10 +78,11 @@ struct Accuracy {
     std::string report(const std::string &what) const;
 };
 constexpr double kAbsoluteFloor = 1e-5;
-// `allowance`: added to the tolerance for a reduced precision's rounding of a computed
-// activation (reference::context_allowance), stated in the report; 0 in fp32.
+// `allowance`: per element, added to its tolerance for a reduced precision's rounding of a
+// computed activation (reference::context_allowance); empty in fp32. With one, the worst
+// element is the one nearest its own tolerance, and the report states its allowance.
 Accuracy check_accuracy(const float *actual, const std::vector<double> &reference,
-                        const std::vector<float> &plain_float32, double allowance = 0);
+                        const std::vector<float> &plain_float32, const std::vector<double> &allowance = {});
 
 double median(std::vector<double> samples);
 // A distribution-free confidence interval of the median: the order statistics

@@ -345,9 +345,10 @@ class AttentionLayer:
     later changes to them are not seen), the inputs of each product rounded as they enter, f32
     sums. It runs on a CPU with avx512bf16, or,
     with allow_storage_only=True, as bf16 storage with f32 arithmetic elsewhere; without
-    probabilities. precision="int8" computes them in int8 (attn::Precision::int8): the weight
-    matrices quantized once, here, per output feature, the inputs of each projection quantized
-    to u8 per token as they enter, i32 sums dequantized in f32; on a CPU with avx512vnni, or,
+    probabilities. precision="int8" computes the projections in int8 (attn::Precision::int8):
+    the weight matrices quantized once, here, per output feature, the inputs of each projection
+    quantized to u8 per token as they enter, i32 sums dequantized in f32; the core's products
+    in bf16 as above; on a CPU with avx512vnni, or,
     with allow_storage_only=True, without vpdpbusd elsewhere (the same results, slower).
 
     torch.bfloat16 tensors (a model in bf16) are taken too, in every precision: the weights

@@ -178,9 +178,9 @@ detail::FunctionCall detail::layer_call(bool with_probs, Precision precision) {
         const Config config = config_of(c);
         auto exact = reference::attention_layer<double>(config, in.weights, inputs);
         auto float32 = reference::attention_layer<float>(config, in.weights, inputs);
-        const double allowance = reference::context_allowance(config, in.weights, inputs, exact, float32);
+        std::vector<double> allowance = reference::context_allowance(config, in.weights, inputs, exact, float32);
         CallReference r = layer_reference(std::move(exact), std::move(float32), with_probs);
-        r.allowance[0] = allowance;
+        r.allowance[0] = std::move(allowance);
         return r;
     };
     return f;

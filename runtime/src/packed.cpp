@@ -213,11 +213,11 @@ detail::FunctionCall detail::packed_layer_call(bool with_probs, Precision precis
         const PackedInputs inputs = packed_inputs(c, in);
         const Config config = config_of(c);
         auto exact = reference::attention_layer_packed<double>(config, in.weights, inputs);
-        const double allowance = exact.allowance;
+        std::vector<double> allowance = std::move(exact.allowance);
         CallReference r = layer_reference(std::move(exact),
                                           reference::attention_layer_packed<float>(config, in.weights, inputs),
                                           with_probs);
-        r.allowance[0] = allowance;
+        r.allowance[0] = std::move(allowance);
         return r;
     };
     return f;

@@ -304,8 +304,8 @@ PackedOutputs<T> attention_layer_packed(const Config &config, const LayerWeights
         const LayerOutputs<T> dense = attention_layer<T>(config, w, one);
         if constexpr (std::is_same_v<T, double>) {
             if (config.precision != Precision::fp32) {
-                out.allowance = std::max(out.allowance, context_allowance(config, w, one, dense,
-                                                                          attention_layer<float>(config, w, one)));
+                const std::vector<double> a = context_allowance(config, w, one, dense, attention_layer<float>(config, w, one));
+                out.allowance.insert(out.allowance.end(), a.begin(), a.end());
             }
         }
         out.y.insert(out.y.end(), dense.y.begin(), dense.y.end());
@@ -347,8 +347,10 @@ double bf16_ulp(double c) { return c == 0 ? 0 : std::ldexp(1.0, std::ilogb(c) - 
 // error taken on the rounded operands). A flip of q or k by one
 // ulp moves the scores by a_j (|Δs| of the flipped features' products); weights P·e^a
 // renormalized move each P_j by a ratio within [e^-|a_j| / Σ P·e^|a|, e^(|a_j| + Σ P·|a|)];
-// a flipped weight moves its P_j by at most 2^-6 relatively (one ulp, 2^-7 of it, and the
-// sum's share); so Δc_e <= Σ_j |ΔP_j|·|v_je − c_e| + Σ_(v_je flipped) P_j·ulp(v_je).
+// a flipped weight r_j moves by one ulp, at most 2^-7·r_j, which moves c by
+// Δr·(v_j − c)/(Σr + Δr), at most P_j·2^-7·(1 + 2^-6)·|v_j − c|; so Δc_e <= Σ_j |ΔP_j|·|v_je − c_e|
+// + Σ_(v_je flipped) P_j·ulp(v_je), plus twice the plain f32 error of the core's sums on the
+// reference's rounded operands.
 std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const LayerOutputs<double> &exact,
                                       const LayerOutputs<float> &float32) {
     const int64_t H = config.hidden_size, heads = config.num_heads, d = config.head_dim();
@@ -366,6 +368,7 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
     const std::vector<double> fq = flips(exact.q, float32.q), fk = flips(exact.k, float32.k),
                               fv = flips(exact.v, float32.v);
     std::vector<double> a(std::size_t(sz.s_k)), change(std::size_t(sz.s_k)), dot_error(std::size_t(sz.s_k));
+    std::vector<float> weight32(std::size_t(sz.s_k));
     for (int64_t b = 0; b < sz.batch; ++b)
         for (int64_t h = 0; h < heads; ++h)
             for (int64_t i = 0; i < sz.s_q; ++i) {
@@ -392,32 +395,39 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
                     mean_a += P[j] * a[j];
                     z_plus += P[j] * std::exp(a[j]);
                 }
+                float weight_sum32 = 0;
                 for (int64_t j = 0; j < sz.s_k; ++j) {
-                    change[j] = 0;
+                    change[j] = 0, weight32[j] = 0;
                     if (P[j] == 0) continue;
                     const double s = exact.scores[std::size_t(row + j)], w = std::exp(s - offset);
                     const double score_error = a[j] + 2 * dot_error[j] + 0x1p-23 * std::abs(s);
                     const double w_eta = w * (score_error + 2e-6 + 0x1p-23 * (std::abs(s) + std::abs(offset)));
                     const double ratio = std::max(std::exp(a[j] + mean_a) - 1, 1 - std::exp(-a[j]) / z_plus);
-                    change[j] = P[j] * (ratio + (near_bf16_midpoint(w, w_eta) ? 0x1p-6 : 0.0));
+                    change[j] = P[j] * (ratio + (near_bf16_midpoint(w, w_eta) ? 0x1p-7 * (1 + 0x1p-6) : 0.0));
+                    weight32[j] = round_to_bf16(float(w));
+                    weight_sum32 += weight32[j];
                 }
                 for (int64_t e = 0; e < d; ++e) {
                     const double c = exact.ctx[qi + e];
                     double moved = 0;
+                    float context32 = 0;
                     for (int64_t j = 0; j < sz.s_k; ++j) {
                         const int64_t vj = (b * sz.s_k + j) * H + h * d + e;
                         moved += change[j] * std::abs(exact.v[vj] - c) + P[j] * fv[vj];
+                        if (P[j] > 0) context32 += weight32[j] * round_to_bf16(float(exact.v[vj]));
                     }
-                    eta[qi + e] = moved;
+                    // And twice the plain f32 error of the core's sums on the same rounded operands
+                    // (the f32 reference's own error would count its own roundings' flips).
+                    eta[qi + e] = moved + (weight_sum32 > 0 ? 2 * std::abs(double(context32 / weight_sum32) - c) : 0.0);
                 }
             }
     return eta;
 }
 }  // namespace
 
-double context_allowance(const Config &config, const LayerWeights &given, const AttentionInputs &inputs,
-                         const LayerOutputs<double> &exact, const LayerOutputs<float> &float32) {
-    if (config.precision == Precision::fp32) return 0;
+std::vector<double> context_allowance(const Config &config, const LayerWeights &given, const AttentionInputs &inputs,
+                                      const LayerOutputs<double> &exact, const LayerOutputs<float> &float32) {
+    if (config.precision == Precision::fp32) return {};
     const Sizes sz{inputs.x.shape[0], inputs.x.shape[1], inputs.kv.empty() ? inputs.x.shape[1] : inputs.kv.shape[1]};
     const std::vector<double> core_eta =
         bf16_core(config) ? core_rounding_eta(config, sz, exact, float32) : std::vector<double>(exact.ctx.size(), 0.0);
@@ -427,7 +437,7 @@ double context_allowance(const Config &config, const LayerWeights &given, const 
     const int64_t H = config.hidden_size, rows = int64_t(exact.ctx.size()) / H;
     double max_v = 0;
     for (double v : exact.v) max_v = std::max(max_v, std::abs(v));
-    double allowance = 0;
+    std::vector<double> allowance(exact.y.size(), 0.0);
     std::vector<double> shift(static_cast<std::size_t>(H)), z(static_cast<std::size_t>(H));
     std::vector<float> row(static_cast<std::size_t>(H));
     std::vector<uint8_t> values(static_cast<std::size_t>(H));
@@ -436,8 +446,9 @@ double context_allowance(const Config &config, const LayerWeights &given, const 
         std::fill(shift.begin(), shift.end(), 0.0);
         // η: how far an implementation's context element may lie from the exact one.
         auto eta_of = [&](int64_t e) {
-            return 2 * std::abs(double(float32.ctx[r * H + e]) - exact.ctx[r * H + e]) + 4e-6 * max_v +
-                   core_eta[r * H + e];
+            // (A bf16 core's own f32 error is in core_eta.)
+            const double f32_error = bf16_core(config) ? 0 : 2 * std::abs(double(float32.ctx[r * H + e]) - exact.ctx[r * H + e]);
+            return f32_error + 4e-6 * max_v + core_eta[r * H + e];
         };
         if (int8) {
             // The row's quantization (QuantizedRows): an element moves to the other side of a
@@ -447,15 +458,21 @@ double context_allowance(const Config &config, const LayerWeights &given, const 
             // z by that relative change; a zero point near a midpoint moves the clamped ends.
             for (int64_t e = 0; e < H; ++e) row[std::size_t(e)] = float(exact.ctx[r * H + e]);
             const QuantizedRow q = quantize_row_u8(row.data(), H, values.data());
-            double eta_max = 0, low = 0, high = 0;
+            // The range's ends move only as far as the elements that may become them: the new low
+            // lies in [min(0, min(c − η)), min(0, c_min + η_min)], the high likewise.
+            double low = 0, high = 0, low_reach = 0, high_reach = 0, eta_low = 0, eta_high = 0;
             for (int64_t e = 0; e < H; ++e) {
-                eta_max = std::max(eta_max, eta_of(e));
-                low = std::min(low, double(row[std::size_t(e)])), high = std::max(high, double(row[std::size_t(e)]));
+                const double c = double(row[std::size_t(e)]), eta = eta_of(e);
+                if (c < low) low = c, eta_low = eta;
+                if (c > high) high = c, eta_high = eta;
+                low_reach = std::min(low_reach, c - eta), high_reach = std::max(high_reach, c + eta);
             }
             if (high == low) continue;
-            const double inverse_step = 255.0 / (high - low), relative = 2 * eta_max / (high - low);
+            const double low_moves = std::max(low - low_reach, std::min(0.0, low + eta_low) - low),
+                         high_moves = std::max(high_reach - high, high - std::max(0.0, high - eta_high));
+            const double inverse_step = 255.0 / (high - low), relative = (low_moves + high_moves) / (high - low);
             auto near_midpoint = [](double t, double window) { return std::abs(t - std::floor(t) - 0.5) < window; };
-            const bool zero_moves = near_midpoint(-low * inverse_step, -low * inverse_step * relative + eta_max * inverse_step);
+            const bool zero_moves = near_midpoint(-low * inverse_step, -low * inverse_step * relative + low_moves * inverse_step);
             for (int64_t e = 0; e < H; ++e) {
                 const double t = exact.ctx[r * H + e] * inverse_step;
                 const bool end = values[std::size_t(e)] == 0 || values[std::size_t(e)] == 255;
@@ -488,7 +505,7 @@ double context_allowance(const Config &config, const LayerWeights &given, const 
         for (int64_t o = 0; o < H; ++o) var += (z[o] - mean) * (z[o] - mean);
         const double sigma = std::sqrt(var / double(H) + double(config.layer_norm_eps));
         for (int64_t o = 0; o < H; ++o)
-            allowance = std::max(allowance, std::abs(double(w.gamma.data[o])) * (shift[o] + 2 * largest) / sigma);
+            allowance[r * H + o] = std::abs(double(w.gamma.data[o])) * (shift[o] + 2 * largest) / sigma;
     }
     return allowance;
 }

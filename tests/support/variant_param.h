@@ -109,7 +109,7 @@ const PackedReferenceRun &packed_reference_run(const std::string &key, const Con
 
 // Applies the accuracy rule to an output and checks nothing was written around it.
 inline void expect_matches_reference(const char *what, const GuardedOutput &out, const std::vector<double> &exact,
-                                     const std::vector<float> &float32, double allowance = 0) {
+                                     const std::vector<float> &float32, const std::vector<double> &allowance = {}) {
     const Accuracy a = check_accuracy(out.data(), exact, float32, allowance);
     EXPECT_TRUE(a.ok) << a.report(what);
     EXPECT_TRUE(out.guards_intact()) << what << ": written outside its buffer";

@@ -257,7 +257,7 @@ inline constexpr ReducedPrecision kReducedPrecisions[] = {
     {Precision::bf16, "bf16", "attention_layer_bf16", "attention_layer_packed_bf16", "avx512bf16",
      "store bf16 and compute in f32", true},
     {Precision::int8, "int8", "attention_layer_int8", "attention_layer_packed_int8", "avx512vnni",
-     "sum the int8 products without vpdpbusd", false},
+     "sum the int8 products without vpdpbusd", true},
 };
 // Throws attn::Error("precision") for fp32 (or a value out of range).
 const ReducedPrecision &reduced_precision(Precision precision);

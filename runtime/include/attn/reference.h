@@ -77,10 +77,10 @@ LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &weight
 // the change of the row's range (low and high each move by at most the row's largest η),
 // each candidate moving z by one step times |W_o|, and the step's own relative change
 // moving z by as much. LayerNorm passes a row's Δz on to y as at most
-// |γ|·(|Δz_o| + 2·max|Δz|)/σ (the mean's shift, and σ's to first order). Returns the
-// largest over y; 0 for fp32.
-double context_allowance(const Config &config, const LayerWeights &weights, const AttentionInputs &inputs,
-                         const LayerOutputs<double> &exact, const LayerOutputs<float> &float32);
+// |γ|·(|Δz_o| + 2·max|Δz|)/σ (the mean's shift, and σ's to first order). Returns it per
+// element of y; empty for fp32.
+std::vector<double> context_allowance(const Config &config, const LayerWeights &weights, const AttentionInputs &inputs,
+                                      const LayerOutputs<double> &exact, const LayerOutputs<float> &float32);
 
 // Packed sequences (DESIGN.md): each sequence through attention_layer as a batch of one
 // of its length, with its top-left corner of the bias. y [T, H]; probs each sequence's
@@ -88,7 +88,7 @@ double context_allowance(const Config &config, const LayerWeights &weights, cons
 template <typename T>
 struct PackedOutputs {
     std::vector<T> y, probs;
-    double allowance = 0;  // bf16 and int8, double: the largest sequence's context_allowance
+    std::vector<double> allowance;  // bf16 and int8, double: context_allowance per element of y
 };
 template <typename T>
 PackedOutputs<T> attention_layer_packed(const Config &config, const LayerWeights &weights, const PackedInputs &inputs);

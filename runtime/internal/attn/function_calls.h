@@ -47,9 +47,10 @@ struct CallWork {
 struct CallReference {
     std::vector<std::vector<double>> exact;
     std::vector<std::vector<float>> float32;
-    // Per output, what the accuracy rule's tolerance adds for a reduced precision's rounding
-    // of an activation the function computes (reference::context_allowance); 0 in fp32.
-    std::vector<double> allowance;
+    // Per output, what the accuracy rule's tolerance adds to each element for a reduced
+    // precision's rounding of an activation the function computes
+    // (reference::context_allowance); empty in fp32.
+    std::vector<std::vector<double>> allowance;
 };
 
 // The extents and options of a call: the config (hidden size, heads, causal) and B, S_q, S_k.
@@ -97,10 +98,10 @@ FunctionCall packed_layer_call(bool with_probs, Precision precision = Precision:
 // A layer's references (reference::LayerOutputs or PackedOutputs): y, and the probabilities.
 template <typename Exact, typename Float32>
 CallReference layer_reference(Exact exact, Float32 float32, bool with_probs) {
-    CallReference r{{std::move(exact.y)}, {std::move(float32.y)}, {0.0}};
+    CallReference r{{std::move(exact.y)}, {std::move(float32.y)}, {{}}};
     if (with_probs) {
         r.exact.push_back(std::move(exact.probs)), r.float32.push_back(std::move(float32.probs));
-        r.allowance.push_back(0.0);
+        r.allowance.emplace_back();
     }
     return r;
 }
