@@ -282,7 +282,7 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
 
     // K and V packed per head. bf16: rounded, and in pairs, as the products read them: K's
     // pairs of head features, (pair, key, head_dim_pair), zero past d; V's pairs of keys,
-    // (pair, head_dim, key_pair); and Q rounded, read up to the next even feature.
+    // (pair, head_dim, key_pair); and Q rounded, read up to the next even feature (zero past d).
     Var pair{"pair"}, e_pair{"head_dim_pair"}, j_pair{"key_pair"};
     f.keys = Func{"keys"};
     f.values = Func{"values"};
@@ -293,7 +293,8 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
                                                cast(BFloat(16), 0.0f));
         f.values(pair, e, j_pair, h, b) = cast(BFloat(16), v_heads(last(e, head_dim), h, last(key, s_k), b));
         f.queries = Func{"queries"};
-        f.queries(e, h, i, b) = cast(BFloat(16), q_heads(last(e, head_dim), h, last(i, s_q), b));
+        f.queries(e, h, i, b) = select(e < head_dim, cast(BFloat(16), q_heads(last(e, head_dim), h, last(i, s_q), b)),
+                                       cast(BFloat(16), 0.0f));
     } else {
         f.keys(j, e, h, b) = k_heads(last(e, head_dim), h, last(j, s_k), b);
         f.values(e, j, h, b) = v_heads(last(e, head_dim), h, last(j, s_k), b);
@@ -335,7 +336,7 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     f.scores(kl, kc, qi, qb, kb, h, b) = undef<float>();
     f.scores(lane, chunk, qi, qb, kb, h, b) =
         f.dot(lane, chunk, qi, qb, kb, h, b) * (1.0f / sqrt(cast<float>(head_dim))) +
-        bias(min(likely(key), bias_keys - 1), last(query, s_q), h, b);
+        bias(min(likely(key), max(bias_keys, s_k) - 1), last(query, s_q), h, b);
     Expr score = f.scores(lane, chunk, qi, qb, kb, h, b);
     f.block_max = Func{"block_max"};
     f.block_max(qi, qb, kb, h, b) = kLowest;
@@ -344,14 +345,17 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     // to a multiple of ln 2, so that exp(s − offset) is exp(s) times a power of 2 (to f32's
     // error) whichever block it is: its rounding to bf16 is then the same in every block
     // and in the reference (which takes any multiple of ln 2), and the weights stay in (½, 1]
-    // at the block's max. A block with no key kept keeps kLowest.
+    // at the block's max. A block with no key kept keeps kLowest, and a max beyond ±1e30 (whose
+    // multiple of ln 2 would overflow) itself, as the reference does; a NaN stays NaN, so that
+    // it reaches the context through the running rescale, as in fp32.
     // (fp32 defines no Func for it, which would change the stages frozen schedules name.)
     Func offset_of = f.block_max;
     if (bf16) {
         Expr block_max = f.block_max(qi, qb, kb, h, b);
         const float ln2 = 0.693147180559945309f;
         offset_of = f.block_offset = Func{"block_offset"};
-        f.block_offset(qi, qb, kb, h, b) = select(block_max > kLowest, ceil(block_max * (1.0f / ln2)) * ln2, kLowest);
+        f.block_offset(qi, qb, kb, h, b) =
+            select(block_max == kLowest || abs(block_max) > 1e30f, block_max, ceil(block_max * (1.0f / ln2)) * ln2);
     }
     f.block_exp = Func{"block_exp"};
     const Type weight_type = bf16 ? BFloat(16) : Float(32);
@@ -360,8 +364,12 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     // long contexts 2% faster overall; it is meant for inputs that do not underflow,
     // hence the clamp (exp(-87) = 1.6e-38 stands for smaller weights). bf16: the weight
     // rounded, as P·V reads it, and as the sum takes it.
-    f.block_exp(lane, chunk, qi, qb, kb, h, b) = cast(
-        weight_type, select(kept, fast_exp(max(score - offset_of(qi, qb, kb, h, b), -87.0f)), 0.0f));
+    // A NaN score stays NaN (the max and the clamp would drop it: x86's max returns its other
+    // operand), so that it reaches the sum and the context, as in the reference.
+    f.block_exp(lane, chunk, qi, qb, kb, h, b) =
+        cast(weight_type,
+             select(kept, select(is_nan(score), score, fast_exp(max(score - offset_of(qi, qb, kb, h, b), -87.0f))),
+                    0.0f));
     Expr weight = cast<float>(f.block_exp(lane, chunk, qi, qb, kb, h, b));
     f.block_sum = Func{"block_sum"};
     f.block_sum(qi, qb, kb, h, b) = 0.0f;

@@ -227,12 +227,12 @@ struct FlashAttention {
     // Per (key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch):
     Halide::Func dot;        // Q·Kᵀ
     Halide::Func scores;     // dot / √d + bias; an update over the chunks visited, undefined elsewhere
-    Halide::Func block_exp;  // exp(score − block_max), 0 where excluded; an update like scores
+    Halide::Func block_exp;  // exp(score − block_offset), 0 where excluded (bf16: rounded); an update like scores
     // Per (query_in_block, query_block, key_block, head, batch):
     Halide::Func block_max, block_sum;
     Halide::Func block_offset;   // bf16: what the exponentials subtract, block_max rounded up to a multiple of ln 2 (fp32: block_max)
     Halide::Func block_context;  // (head_dim, query_in_block, ...): Σ exp · V over the block
-    Halide::Func running;        // (head_dim, query_in_block, query_block, head, batch): Tuple(context, max, sum)
+    Halide::Func running;        // (head_dim, query_in_block, query_block, head, batch): Tuple(context, max or offset, sum)
     Halide::Func block_result;   // (head_dim, query_in_block, query_block, head, batch): context / sum
     Halide::Func ctx;            // (head_dim, head, query, batch): block_result by query, as WeightedSum's ctx
     Halide::RDom e;              // the head dimension, for Q·Kᵀ (bf16: (pair, head_dim_pair))

@@ -200,7 +200,8 @@ int compare_variants(const BenchOptions &options) {
         "holding the median with at least 90%% confidence. GPU variants are given host memory here, so\n"
         "their times include the copies to and from the device (tools/gpu_machine.sh bench times them on\n"
         "device memory); OpenCL variants run on this machine's OpenCL, which may be a CPU (PoCL).\n"
-        "<variant>_bf16 and <variant>_int8 are the layer with its projections in bf16 or int8\n"
+        "<variant>_bf16 and <variant>_int8 are the layer with its projections in bf16 or int8 (and\n"
+        "its core's products in bf16)\n"
         "(--precision), checked against the reference of the same rounding or quantization, and\n"
         "compared with the fastest fp32 CPU variant.\n");
     std::printf("\nselected on this machine: %s\n", select_variant().name.c_str());

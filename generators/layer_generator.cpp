@@ -4,8 +4,9 @@
 // attention probabilities; packed=true takes packed variable-length sequences instead
 // of a padded batch (manifest.json: attention_layer, attention_layer_probs,
 // attention_layer_packed, attention_layer_packed_probs); precision=bf16 takes bf16 weights
-// and computes the projections in bf16 (attention_layer_bf16); precision=int8 takes int8
-// weights with their scales and computes the projections in int8 (attention_layer_int8).
+// and computes the projections and the core's products in bf16 (attention_layer_bf16);
+// precision=int8 takes int8 weights with their scales and computes the projections in int8,
+// the core's products in bf16 (attention_layer_int8).
 #include "attention_generator.h"
 
 namespace attn_gen {

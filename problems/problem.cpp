@@ -151,7 +151,8 @@ Accuracy check_accuracy(const float *actual, const std::vector<double> &referenc
     auto allowed = [&](std::size_t i) { return base + (allowance.empty() ? 0.0 : allowance[i]); };
     double worst_ratio = -1;
     for (std::size_t i = 0; i < reference.size(); ++i) {
-        const double ratio = errors[i] / allowed(i);
+        double ratio = errors[i] / allowed(i);
+        if (std::isnan(ratio)) ratio = INFINITY;  // (an infinite error against an infinite tolerance)
         if (ratio > worst_ratio) {
             worst_ratio = ratio;
             a.max_error = errors[i], a.worst_index = i, a.worst_actual = actual[i], a.worst_reference = reference[i];
@@ -159,6 +160,7 @@ Accuracy check_accuracy(const float *actual, const std::vector<double> &referenc
     }
     a.mean_error = reference.empty() ? 0 : total / double(reference.size());
     a.allowance = allowance.empty() || reference.empty() ? 0.0 : allowance[a.worst_index];
+    a.per_element = !allowance.empty();
     a.tolerance = base + a.allowance;
     a.ok = a.max_error <= a.tolerance;
     return a;
@@ -166,7 +168,7 @@ Accuracy check_accuracy(const float *actual, const std::vector<double> &referenc
 
 std::string Accuracy::report(const std::string &what) const {
     std::ostringstream s;
-    s << what << ": " << (allowance > 0 ? "error nearest its tolerance " : "max error ") << max_error << " at index " << worst_index << " (got " << worst_actual
+    s << what << ": " << (per_element ? "error nearest its tolerance " : "max error ") << max_error << " at index " << worst_index << " (got " << worst_actual
       << ", reference " << worst_reference << "), mean error " << mean_error << ", tolerance " << tolerance
       << " (2 x plain float32 error + " << kAbsoluteFloor;
     if (allowance > 0) s << " + " << allowance << " for the reduced-precision rounding of the computed context";

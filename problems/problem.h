@@ -75,6 +75,7 @@ struct Accuracy {
     std::size_t worst_index = 0;
     double worst_actual = 0, worst_reference = 0;
     bool ok = false;
+    bool per_element = false;  // an allowance per element was given
     std::string report(const std::string &what) const;
 };
 constexpr double kAbsoluteFloor = 1e-5;

@@ -329,7 +329,8 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
         .split(qi, qo, qii, t.tile_rows, kGuard)
         .reorder(lane, qii, qo, f.key_in_block.y)
         .vectorize(lane, vw)
-        .partition(f.key_in_block.y, Partition::Always);
+        // (A block of one chunk has nothing to split off.)
+        .partition(f.key_in_block.y, f.blocking.chunks() > 1 ? Partition::Always : Partition::Auto);
     std::vector<RVar> head_features{f.e.x};
     if (bf16) head_features.push_back(f.e.y);
     register_tile(f.dot, kl, qi, head_features, f.blocking.key_chunk, LoopLevel(f.scores, qo), t, target, f.precision);

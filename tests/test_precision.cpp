@@ -195,6 +195,23 @@ TEST_P(ReducedPrecisionTest, NaNAndInfinityInAnInputPropagate) {
     }
 }
 
+// A NaN in b_q makes every score of its head NaN, which the flash core's max and clamp would
+// drop (x86's max returns its other operand): every row must come out NaN, in fp32 too.
+TEST_P(ReducedPrecisionTest, NaNInEveryScoreOfAHeadPropagates) {
+    const Precision precision = GetParam();
+    Problem p;
+    p.batch = 1, p.s_q = p.s_k = 9, p.hidden = 64, p.heads = 2;
+    LayerData d(p);
+    ATTN_SKIP_WITHOUT(precision, d);
+    d.b_q[5] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> y(std::size_t(p.s_q * p.hidden));
+    for (const Config &config : {reduced_config(p, precision, true), p.config()}) {
+        Attention(config, d.weights()).forward(d.inputs(), view(y, {1, p.s_q, p.hidden}));
+        for (int64_t row : {0, 4, 8})
+            EXPECT_TRUE(std::isnan(y[std::size_t(row * 64)])) << precision_name(config.precision) << ": row " << row;
+    }
+}
+
 TEST(Int8, RefusesWeightsItCannotQuantize) {
     LayerData d(small());
     ATTN_SKIP_WITHOUT(Precision::int8, d);

@@ -106,6 +106,12 @@ const double kLn2 = 0.693147180559945309;
 bool bf16_core(const Config &config) {
     return config.precision != Precision::fp32 && reduced_precision(config.precision).bf16_core;
 }
+// What a bf16 core's exponentials are taken from: the max rounded up to a multiple of ln 2,
+// or the max itself beyond ±1e30 (attn_gen::flash_attention's block_offset).
+template <typename T>
+T weight_offset(T row_max) {
+    return std::abs(row_max) > T(1e30) ? row_max : std::ceil(row_max / T(kLn2)) * T(kLn2);
+}
 // The core's operands in its precision: themselves, or each rounded to bf16.
 template <typename T>
 std::vector<T> core_operand(const Config &config, std::vector<T> values) {
@@ -163,7 +169,7 @@ std::vector<T> masked_softmax(const Config &config, Sizes sz, const std::vector<
                 // A bf16 core's weights are rounded to bf16 before they are summed and weight V,
                 // taken from a multiple of ln 2 (any: a power of 2 does not change the rounding).
                 const bool bf16 = bf16_core(config);
-                const T offset = bf16 ? std::ceil(row_max / T(kLn2)) * T(kLn2) : row_max;
+                const T offset = bf16 ? weight_offset(row_max) : row_max;
                 T sum = 0;
                 for (int64_t j = 0; j < sz.s_k; ++j) {
                     if (!keep[j]) continue;
@@ -331,14 +337,20 @@ ATTN_INSTANTIATE(double)
 #undef ATTN_INSTANTIATE
 
 namespace {
-// Whether a value lies within eta of a midpoint between bf16 neighbours, and its bf16 ulp.
-bool near_bf16_midpoint(double c, double eta) {
-    if (c == 0 || !std::isfinite(c)) return false;
-    const double ulp = std::ldexp(1.0, std::ilogb(c) - 7);
-    const double toward_zero = std::trunc(c / ulp) * ulp;
-    return std::abs(c - (toward_zero + std::copysign(ulp / 2, c))) < eta;
+double bf16_of(double c) {  // c rounded to bf16's 8 significant bits, to nearest even (no f32 step)
+    if (c == 0 || !std::isfinite(c)) return c;
+    int e;
+    const double f = std::frexp(c, &e);
+    return std::ldexp(std::nearbyint(std::ldexp(f, 8)), e - 8);
 }
-double bf16_ulp(double c) { return c == 0 ? 0 : std::ldexp(1.0, std::ilogb(c) - 7); }
+// How far c's bf16 rounding may move if c moves by up to eta: 0 unless c lies within eta of a
+// midpoint between bf16 neighbours, else the larger step to a neighbour (so just above a power
+// of 2, where the neighbour below is half an ulp away, the smaller step counts too).
+double bf16_flip(double c, double eta) {
+    if (c == 0 || !std::isfinite(c)) return 0;
+    const double here = bf16_of(c), below = bf16_of(c - eta), above = bf16_of(c + eta);
+    return std::max(std::abs(below - here), std::abs(above - here));
+}
 
 // A bf16 core's share of η (context_allowance): per element of the context, how far an
 // implementation's may move because one of its own roundings to bf16 goes the other way
@@ -356,12 +368,12 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
     const int64_t H = config.hidden_size, heads = config.num_heads, d = config.head_dim();
     const double scale = 1 / std::sqrt(double(d));
     std::vector<double> eta(exact.ctx.size(), 0.0);
-    // ulp of each element of q, k, v that may round the other way, else 0.
+    // How far each element of q, k, v may round the other way (bf16_flip), else 0.
     auto flips = [](const std::vector<double> &x, const std::vector<float> &x32) {
         std::vector<double> f(x.size(), 0.0);
         for (std::size_t i = 0; i < x.size(); ++i) {
             const double c = x[i], err = 2 * std::abs(double(x32[i]) - c) + 1e-7 * std::abs(c);
-            if (near_bf16_midpoint(c, err)) f[i] = bf16_ulp(c);
+            f[i] = bf16_flip(c, err);
         }
         return f;
     };
@@ -378,14 +390,14 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
                 for (int64_t j = 0; j < sz.s_k; ++j)
                     if (P[j] > 0) row_max = std::max(row_max, exact.scores[std::size_t(row + j)]);
                 if (!std::isfinite(row_max)) continue;
-                const double offset = std::ceil(row_max / kLn2) * kLn2;
+                const double offset = weight_offset(row_max);
                 double mean_a = 0, z_plus = 0;
                 for (int64_t j = 0; j < sz.s_k; ++j) {
                     const int64_t kj = (b * sz.s_k + j) * H + h * d;
                     double aj = 0, dot = 0;
                     float dot32 = 0;
                     for (int64_t e = 0; e < d; ++e) {
-                        aj += fq[qi + e] * std::abs(exact.k[kj + e]) + fk[kj + e] * std::abs(exact.q[qi + e]);
+                        aj += fq[qi + e] * (std::abs(exact.k[kj + e]) + fk[kj + e]) + fk[kj + e] * std::abs(exact.q[qi + e]);
                         const float qe = round_to_bf16(float(exact.q[qi + e])), ke = round_to_bf16(float(exact.k[kj + e]));
                         dot += double(qe) * double(ke), dot32 += qe * ke;
                     }
@@ -403,7 +415,7 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
                     const double score_error = a[j] + 2 * dot_error[j] + 0x1p-23 * std::abs(s);
                     const double w_eta = w * (score_error + 2e-6 + 0x1p-23 * (std::abs(s) + std::abs(offset)));
                     const double ratio = std::max(std::exp(a[j] + mean_a) - 1, 1 - std::exp(-a[j]) / z_plus);
-                    change[j] = P[j] * (ratio + (near_bf16_midpoint(w, w_eta) ? 0x1p-7 * (1 + 0x1p-6) : 0.0));
+                    change[j] = P[j] * (ratio + bf16_flip(w, w_eta) / w * (1 + 0x1p-6));
                     weight32[j] = round_to_bf16(float(w));
                     weight_sum32 += weight32[j];
                 }
@@ -488,8 +500,9 @@ std::vector<double> context_allowance(const Config &config, const LayerWeights &
             for (int64_t e = 0; e < H; ++e) {
                 // (a zero context, a fully masked row's, is exact)
                 const double c = exact.ctx[r * H + e];
-                if (!near_bf16_midpoint(c, eta_of(e))) continue;
-                for (int64_t o = 0; o < H; ++o) shift[o] += bf16_ulp(c) * std::abs(double(w.w_o.data[o * H + e]));
+                const double flip = bf16_flip(c, eta_of(e));
+                if (flip == 0) continue;
+                for (int64_t o = 0; o < H; ++o) shift[o] += flip * std::abs(double(w.w_o.data[o * H + e]));
             }
         }
         const double largest = *std::max_element(shift.begin(), shift.end());

@@ -80,13 +80,14 @@ TensorView<T> device_view(uint64_t device_pointer, std::size_t size, Shape shape
 }
 
 // The precision of the layer's four projections (DESIGN.md, "Reduced precision"); the
-// attention core, softmax, residual and LayerNorm are f32 in all three.
+// attention core's products (QKᵀ, P·V) are bf16 in bf16 and int8 (ReducedPrecision::bf16_core),
+// f32 in fp32; softmax, residual and LayerNorm are f32 in all three.
 //   fp32: f32 weights and activations.
 //   bf16: the weights rounded to bf16 once, when the Attention is made (to nearest even;
 //         half the memory), the activations rounded to bf16 as they enter each projection,
 //         products summed in f32: with AVX512_BF16's vdpbf16ps (variants of an ISA with
 //         avx512bf16), or, where the CPU lacks it and Config::allow_storage_only says so,
-//         widened to f32 (bf16 storage, f32 arithmetic: the same results, not the speed).
+//         widened to f32 (bf16 storage, f32 arithmetic: the same rounding, within the accuracy rule, not the speed).
 //         Attention::forward only, without the probabilities; attn::bf16_variants() lists
 //         the variants that have it.
 //   int8: each weight matrix quantized once, when the Attention is made, to int8 with one
@@ -95,7 +96,8 @@ TensorView<T> device_view(uint64_t device_pointer, std::size_t size, Shape shape
 //         (attn::quantize_row_u8); products summed in i32 and dequantized in f32: with
 //         AVX512_VNNI's vpdpbusd (variants of an ISA with avx512vnni), or, where the CPU
 //         lacks it and Config::allow_storage_only says so, with the same integer products
-//         summed in pairs (pmaddwd: the same results, not the speed). Attention::forward
+//         summed in pairs (pmaddwd: the same arithmetic, not the speed; results within the accuracy rule,
+//         not bit for bit, as the core's f32 sums run in another order). Attention::forward
 //         and forward_packed, without the probabilities; attn::precision_variants() lists
 //         the variants that have it.
 enum class Precision { fp32, bf16, int8 };
@@ -113,8 +115,8 @@ struct Config {
     bool causal = false;  // decoder mask: key j excluded for query i when j > i + (S_k − S_q)
     Precision precision = Precision::fp32;
     // bf16 on a CPU without avx512bf16, or int8 on one without avx512vnni: run the variant
-    // that computes the same results without the instructions (bf16 storage with f32
-    // arithmetic; int8 products summed by pmaddwd) rather than refuse.
+    // that computes the same rounding without the instructions (bf16 storage with f32
+    // arithmetic; int8 products summed by pmaddwd), within the accuracy rule, rather than refuse.
     bool allow_storage_only = false;
 
     int64_t head_dim() const { return num_heads > 0 ? hidden_size / num_heads : 0; }

@@ -41,7 +41,8 @@ std::vector<T> masked_softmax(const Config &config, Sizes sizes, const std::vect
 template <typename T>
 std::vector<T> weighted_sum(const Config &config, Sizes sizes, const std::vector<T> &probs, const std::vector<T> &v);
 
-// [B, S_q, H]: the three above in sequence, what stages::attention_core computes in one.
+// [B, S_q, H]: the three above in sequence, what stages::attention_core computes in one (fp32:
+// a reduced-precision config's core is attention_layer's, which also rounds Q, K and V).
 template <typename T>
 std::vector<T> attention_core(const Config &config, Sizes sizes, const std::vector<T> &q, const std::vector<T> &k,
                               const std::vector<T> &v, const MaskTensor &key_padding_mask, const ConstTensor &bias);
