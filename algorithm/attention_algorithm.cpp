@@ -305,9 +305,10 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     // the predicate would keep the loop whole); keys of the last chunk past key_limit are
     // excluded by `kept`. A block of one chunk needs no predicate: the loop over key blocks
     // stops at key_limit already (and an unrolled loop would test it at every key).
+    auto chunk_visited = [&](Expr chunk) { return kb * K + chunk * C < key_limit; };
     f.key_in_block = RDom({{0, C}, {0, blocking.chunks()}}, "key_in_block");
     const RVar &lane = f.key_in_block.x, &chunk = f.key_in_block.y;
-    if (blocking.chunks() > 1) f.key_in_block.where(kb * K + chunk * C < key_limit);
+    if (blocking.chunks() > 1) f.key_in_block.where(chunk_visited(chunk));
     Expr query = qb * Q + qi, key = kb * K + chunk * C + lane;
     // Whether each key of the batch is real, for whole blocks (false past s_k): the core
     // reads it without clamping the key.
@@ -380,7 +381,7 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
         // Pairs of keys: (pair, key_pair_in_chunk, chunk), the key chunk·C + 2·key_pair + pair.
         f.key_pairs = RDom({{0, 2}, {0, C / 2}, {0, blocking.chunks()}}, "key_pairs");
         const RVar &p = f.key_pairs.x, &lane_pair = f.key_pairs.y, &pair_chunk = f.key_pairs.z;
-        if (blocking.chunks() > 1) f.key_pairs.where(kb * K + pair_chunk * C < key_limit);
+        if (blocking.chunks() > 1) f.key_pairs.where(chunk_visited(pair_chunk));
         f.block_context(e, qi, qb, kb, h, b) +=
             cast<float>(f.block_exp(2 * lane_pair + p, pair_chunk, qi, qb, kb, h, b)) *
             cast<float>(f.values(p, e, (kb * K + pair_chunk * C) / 2 + lane_pair, h, b));

@@ -12,6 +12,13 @@ constexpr TailStrategy kGuard = TailStrategy::GuardWithIf;
 
 int vector_width(const Target &target) { return target.natural_vector_size<float>(); }
 
+// A reduction's dimensions, innermost first, as register_tile takes them.
+std::vector<RVar> rvars(const RDom &r) {
+    std::vector<RVar> out;
+    for (int i = 0; i < r.dimensions(); ++i) out.push_back(r[i]);
+    return out;
+}
+
 // Whether the target multiplies bf16 pairs natively (AVX512_BF16's vdpbf16ps; Halide's
 // avx512_zen4 and avx512_sapphirerapids targets have it). Elsewhere a bf16 GEMM widens its
 // operands to f32 in registers: bf16 storage, f32 arithmetic.
@@ -111,9 +118,7 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
 
 void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, const Target &target) {
     const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
-    std::vector<RVar> reduction{l.k.x};
-    if (l.k.dimensions() == 2) reduction.push_back(l.k.y);
-    schedule_panel_gemm(l.out, l.weight_transposed, l.product, reduction, rows, at, t, target, l.precision);
+    schedule_panel_gemm(l.out, l.weight_transposed, l.product, rvars(l.k), rows, at, t, target, l.precision);
 }
 
 // bf16 activations (attn_gen::rounded_to_bf16), rounded once, before the GEMMs that read
@@ -218,10 +223,10 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
     if (n.context_rounded.defined()) {
         schedule_rounded(n.context_rounded, target);
         if (n.context_quantized.values.defined()) schedule_quantized(n.context_quantized, target);
-        schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, {n.rounded.k.x, n.rounded.k.y}, s,
+        schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, rvars(n.rounded.k), s,
                             LoopLevel::root(), t, target, n.rounded.precision);
     } else {
-        schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, {n.in_feature.x, n.in_feature.y}, s,
+        schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, rvars(n.in_feature), s,
                             LoopLevel::root(), t, target);
     }
     n.y.compute_root()
@@ -331,17 +336,14 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
         .vectorize(lane, vw)
         // (A block of one chunk has nothing to split off.)
         .partition(f.key_in_block.y, f.blocking.chunks() > 1 ? Partition::Always : Partition::Auto);
-    std::vector<RVar> head_features{f.e.x};
-    if (bf16) head_features.push_back(f.e.y);
-    register_tile(f.dot, kl, qi, head_features, f.blocking.key_chunk, LoopLevel(f.scores, qo), t, target, f.precision);
+    register_tile(f.dot, kl, qi, rvars(f.e), f.blocking.key_chunk, LoopLevel(f.scores, qo), t, target, f.precision);
     vectorized_row_reduction(f.block_max, lane, step, target);
     if (bf16) f.block_offset.compute_at(step).store_in(MemoryType::Stack);
     f.block_exp.compute_at(step).store_in(MemoryType::Stack);
     f.block_exp.update().vectorize(lane, vw);
     vectorized_row_reduction(f.block_sum, lane, step, target);
-    const std::vector<RVar> keys = bf16 ? std::vector<RVar>{f.key_pairs.x, f.key_pairs.y, f.key_pairs.z}
-                                        : std::vector<RVar>{lane, f.key_in_block.y};
-    tiled_rows(f.block_context, e, qi, keys, t.context_vectors, step, t, target, f.precision);
+    tiled_rows(f.block_context, e, qi, rvars(bf16 ? f.key_pairs : f.key_in_block), t.context_vectors, step, t, target,
+               f.precision);
 }
 
 // Packed sequences: each token row's sequence (a vectorized count over the sequence

@@ -101,8 +101,10 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     }
     check_tensor("y", y, {batch, s_q, hidden}, "[B, S_q, H]");
     const bool want_probs = !probs.empty();
-    if (want_probs) check_probs_precision(config_);
-    if (want_probs) check_tensor("probs", probs, {batch, heads, s_q, s_k}, "[B, heads, S_q, S_k]");
+    if (want_probs) {
+        check_probs_precision(config_);
+        check_tensor("probs", probs, {batch, heads, s_q, s_k}, "[B, heads, S_q, S_k]");
+    }
     for (const ConstTensor *input : {&in.x, &in.kv, &in.bias}) {
         if (overlaps(y, *input)) throw Error("y", "must not overlap an input buffer");
         if (want_probs && overlaps(probs, *input)) throw Error("probs", "must not overlap an input buffer");

@@ -85,8 +85,8 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     if (y.shape != xs) throw Error("y", "expected shape [T, H] = " + str(xs) + ", got " + str(y.shape));
     if (tokens > 0) check_tensor("y", y, xs, "[T, H]");
     const bool want_probs = !probs.empty();
-    if (want_probs) check_probs_precision(config_);
     if (want_probs) {
+        check_probs_precision(config_);
         check_tensor("probs", probs, {probs_elements(lengths, heads)}, "[sum over sequences of heads * L_b^2]");
         check_host("probs", probs, "each sequence's probabilities are gathered on the host");
     }

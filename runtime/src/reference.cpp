@@ -147,6 +147,7 @@ std::vector<T> attention_scores(const Config &config, Sizes sz, const std::vecto
 template <typename T>
 std::vector<T> masked_softmax(const Config &config, Sizes sz, const std::vector<T> &scores,
                               const MaskTensor &key_padding_mask) {
+    const bool bf16 = bf16_core(config);
     const int64_t heads = config.num_heads;
     std::vector<T> probs(scores.size(), T(0));
     std::vector<char> keep(std::size_t(sz.s_k));
@@ -168,7 +169,6 @@ std::vector<T> masked_softmax(const Config &config, Sizes sz, const std::vector<
                 if (!any) continue;  // fully masked row: zeros
                 // A bf16 core's weights are rounded to bf16 before they are summed and weight V,
                 // taken from a multiple of ln 2 (any: a power of 2 does not change the rounding).
-                const bool bf16 = bf16_core(config);
                 const T offset = bf16 ? weight_offset(row_max) : row_max;
                 T sum = 0;
                 for (int64_t j = 0; j < sz.s_k; ++j) {
@@ -379,6 +379,9 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
     };
     const std::vector<double> fq = flips(exact.q, float32.q), fk = flips(exact.k, float32.k),
                               fv = flips(exact.v, float32.v);
+    // The reference's rounded operands, for the plain f32 error of the core's sums on them.
+    const std::vector<double> q = core_operand(config, exact.q), k = core_operand(config, exact.k),
+                              v = core_operand(config, exact.v);
     std::vector<double> a(std::size_t(sz.s_k)), change(std::size_t(sz.s_k)), dot_error(std::size_t(sz.s_k));
     std::vector<float> weight32(std::size_t(sz.s_k));
     for (int64_t b = 0; b < sz.batch; ++b)
@@ -398,8 +401,7 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
                     float dot32 = 0;
                     for (int64_t e = 0; e < d; ++e) {
                         aj += fq[qi + e] * (std::abs(exact.k[kj + e]) + fk[kj + e]) + fk[kj + e] * std::abs(exact.q[qi + e]);
-                        const float qe = round_to_bf16(float(exact.q[qi + e])), ke = round_to_bf16(float(exact.k[kj + e]));
-                        dot += double(qe) * double(ke), dot32 += qe * ke;
+                        dot += q[qi + e] * k[kj + e], dot32 += float(q[qi + e]) * float(k[kj + e]);
                     }
                     a[j] = aj * scale;
                     // The plain f32 error of the score from the same rounded operands.
@@ -426,7 +428,7 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
                     for (int64_t j = 0; j < sz.s_k; ++j) {
                         const int64_t vj = (b * sz.s_k + j) * H + h * d + e;
                         moved += change[j] * std::abs(exact.v[vj] - c) + P[j] * fv[vj];
-                        if (P[j] > 0) context32 += weight32[j] * round_to_bf16(float(exact.v[vj]));
+                        if (P[j] > 0) context32 += weight32[j] * float(v[vj]);
                     }
                     // And twice the plain f32 error of the core's sums on the same rounded operands
                     // (the f32 reference's own error would count its own roundings' flips).
@@ -441,8 +443,9 @@ std::vector<double> context_allowance(const Config &config, const LayerWeights &
                                       const LayerOutputs<double> &exact, const LayerOutputs<float> &float32) {
     if (config.precision == Precision::fp32) return {};
     const Sizes sz{inputs.x.shape[0], inputs.x.shape[1], inputs.kv.empty() ? inputs.x.shape[1] : inputs.kv.shape[1]};
+    const bool bf16 = bf16_core(config);
     const std::vector<double> core_eta =
-        bf16_core(config) ? core_rounding_eta(config, sz, exact, float32) : std::vector<double>(exact.ctx.size(), 0.0);
+        bf16 ? core_rounding_eta(config, sz, exact, float32) : std::vector<double>(exact.ctx.size(), 0.0);
     const bool int8 = config.precision == Precision::int8;
     std::vector<std::vector<float>> rounded;
     const LayerWeights w = gemm_weights(config, given, rounded);
@@ -459,7 +462,7 @@ std::vector<double> context_allowance(const Config &config, const LayerWeights &
         // η: how far an implementation's context element may lie from the exact one.
         auto eta_of = [&](int64_t e) {
             // (A bf16 core's own f32 error is in core_eta.)
-            const double f32_error = bf16_core(config) ? 0 : 2 * std::abs(double(float32.ctx[r * H + e]) - exact.ctx[r * H + e]);
+            const double f32_error = bf16 ? 0 : 2 * std::abs(double(float32.ctx[r * H + e]) - exact.ctx[r * H + e]);
             return f32_error + 4e-6 * max_v + core_eta[r * H + e];
         };
         if (int8) {
