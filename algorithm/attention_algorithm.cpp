@@ -137,16 +137,54 @@ Func split_heads(const std::string &name, Func tensor, Expr head_dim) {
     return heads;
 }
 
-Scores scaled_scores(Func q_heads, Func k_heads, Func bias, Expr head_dim, Expr s_q, Expr s_k) {
+namespace {
+Var pair{"pair"}, head_dim_pair{"head_dim_pair"}, key_pair{"key_pair"};
+Expr bf16_zero() { return cast(BFloat(16), 0.0f); }
+}  // namespace
+
+Func queries_bf16(const std::string &name, Func q_heads, Expr head_dim, Expr s_q) {
+    const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch;
+    Func q{name};
+    q(e, h, i, b) = select(e < head_dim, cast(BFloat(16), q_heads(last(e, head_dim), h, last(i, s_q), b)), bf16_zero());
+    return q;
+}
+
+Func keys_in_pairs(const std::string &name, Func k_heads, Expr head_dim, Expr s_k) {
+    const Var &j = dims.key, &h = dims.head, &b = dims.batch;
+    Expr feature = 2 * head_dim_pair + pair;
+    Func k{name};
+    k(pair, j, head_dim_pair, h, b) = select(
+        feature < head_dim, cast(BFloat(16), k_heads(last(feature, head_dim), h, last(j, s_k), b)), bf16_zero());
+    return k;
+}
+
+Func values_in_pairs(const std::string &name, Func v_heads, Expr head_dim, Expr s_k) {
+    const Var &e = dims.head_dim, &h = dims.head, &b = dims.batch;
+    Func v{name};
+    v(pair, e, key_pair, h, b) = cast(BFloat(16), v_heads(last(e, head_dim), h, last(2 * key_pair + pair, s_k), b));
+    return v;
+}
+
+Scores scaled_scores(Func q_heads, Func k_heads, Func bias, Expr head_dim, Expr s_q, Expr s_k, Precision precision) {
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch, &e = dims.head_dim;
     Scores s;
-    s.query_heads = q_heads;
-    s.key_transposed = Func{"key_transposed"};
-    s.key_transposed(j, e, h, b) = k_heads(e, h, last(j, s_k), b);
-    s.e = RDom(0, head_dim, "e");
+    s.precision = precision == Precision::bf16 ? Precision::bf16 : Precision::fp32;
     s.dot = Func{"dot"};
     s.dot(j, i, h, b) = 0.0f;
-    s.dot(j, i, h, b) += q_heads(s.e, h, last(i, s_q), b) * s.key_transposed(j, s.e, h, b);
+    if (s.precision == Precision::bf16) {
+        // Pairs of head features: bf16 products, exact in f32, summed in f32 (vdpbf16ps).
+        s.query_heads = queries_bf16("query_heads", q_heads, head_dim, s_q);
+        s.key_transposed = keys_in_pairs("key_transposed", k_heads, head_dim, s_k);
+        s.e = RDom({{0, 2}, {0, (head_dim + 1) / 2}}, "e");
+        s.dot(j, i, h, b) += cast<float>(s.query_heads(2 * s.e.y + s.e.x, h, i, b)) *
+                             cast<float>(s.key_transposed(s.e.x, j, s.e.y, h, b));
+    } else {
+        s.query_heads = q_heads;
+        s.key_transposed = Func{"key_transposed"};
+        s.key_transposed(j, e, h, b) = k_heads(e, h, last(j, s_k), b);
+        s.e = RDom(0, head_dim, "e");
+        s.dot(j, i, h, b) += q_heads(s.e, h, last(i, s_q), b) * s.key_transposed(j, s.e, h, b);
+    }
     s.scores = Func{"scores"};
     s.scores(j, i, h, b) = s.dot(j, i, h, b) * (1.0f / sqrt(cast<float>(head_dim))) + bias(j, i, h, b);
     return s;
@@ -172,15 +210,27 @@ MaskedSoftmax masked_softmax(Func scores, Func key_padding_mask, Expr causal, Ex
     return m;
 }
 
-WeightedSum weighted_sum(Func probs, Func v_heads, Expr head_dim, Expr s_q, Expr s_k) {
-    const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch;
+WeightedSum weighted_sum(Func probs, Func v_heads, Expr head_dim, Expr s_q, Expr s_k, Precision precision) {
+    const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch, &j = dims.key;
     WeightedSum w;
-    w.probs = probs;
-    w.values = v_heads;
-    w.j = RDom(0, s_k, "context_j");
+    w.precision = precision == Precision::bf16 ? Precision::bf16 : Precision::fp32;
     w.ctx_sum = Func{"ctx_sum"};
     w.ctx_sum(e, h, i, b) = 0.0f;
-    w.ctx_sum(e, h, i, b) += probs(w.j, last(i, s_q), h, b) * v_heads(last(e, head_dim), h, w.j, b);
+    if (w.precision == Precision::bf16) {
+        // Pairs of keys: bf16 products, exact in f32, summed in f32 (vdpbf16ps). An odd s_k's
+        // last pair is completed by a zero weight.
+        w.probs = Func{"probs_rounded"};
+        w.probs(j, i, h, b) = select(j < s_k, cast(BFloat(16), probs(last(j, s_k), last(i, s_q), h, b)), bf16_zero());
+        w.values = values_in_pairs("values_in_pairs", v_heads, head_dim, s_k);
+        w.j = RDom({{0, 2}, {0, (s_k + 1) / 2}}, "context_j");
+        w.ctx_sum(e, h, i, b) +=
+            cast<float>(w.probs(2 * w.j.y + w.j.x, i, h, b)) * cast<float>(w.values(w.j.x, e, w.j.y, h, b));
+    } else {
+        w.probs = probs;
+        w.values = v_heads;
+        w.j = RDom(0, s_k, "context_j");
+        w.ctx_sum(e, h, i, b) += probs(w.j, last(i, s_q), h, b) * v_heads(last(e, head_dim), h, w.j, b);
+    }
     w.ctx = Func{"ctx"};
     w.ctx(e, h, i, b) = w.ctx_sum(e, h, i, b);
     return w;
@@ -280,22 +330,15 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     // key blocks and chunks by it, and computes none of a dead block's scores.
     if (query_end.defined()) key_limit = min(key_limit, (query_end(b) - qb * Q) * s_k);
 
-    // K and V packed per head. bf16: rounded, and in pairs, as the products read them: K's
-    // pairs of head features, (pair, key, head_dim_pair), zero past d; V's pairs of keys,
-    // (pair, head_dim, key_pair); and Q rounded, read up to the next even feature (zero past d).
-    Var pair{"pair"}, e_pair{"head_dim_pair"}, j_pair{"key_pair"};
-    f.keys = Func{"keys"};
-    f.values = Func{"values"};
+    // K and V packed per head. bf16: rounded, and in pairs, as the products read them
+    // (keys_in_pairs, values_in_pairs), and Q rounded (queries_bf16).
     if (bf16) {
-        Expr feature = 2 * e_pair + pair, key = 2 * j_pair + pair;
-        f.keys(pair, j, e_pair, h, b) = select(feature < head_dim,
-                                               cast(BFloat(16), k_heads(last(feature, head_dim), h, last(j, s_k), b)),
-                                               cast(BFloat(16), 0.0f));
-        f.values(pair, e, j_pair, h, b) = cast(BFloat(16), v_heads(last(e, head_dim), h, last(key, s_k), b));
-        f.queries = Func{"queries"};
-        f.queries(e, h, i, b) = select(e < head_dim, cast(BFloat(16), q_heads(last(e, head_dim), h, last(i, s_q), b)),
-                                       cast(BFloat(16), 0.0f));
+        f.keys = keys_in_pairs("keys", k_heads, head_dim, s_k);
+        f.values = values_in_pairs("values", v_heads, head_dim, s_k);
+        f.queries = queries_bf16("queries", q_heads, head_dim, s_q);
     } else {
+        f.keys = Func{"keys"};
+        f.values = Func{"values"};
         f.keys(j, e, h, b) = k_heads(last(e, head_dim), h, last(j, s_k), b);
         f.values(e, j, h, b) = v_heads(last(e, head_dim), h, last(j, s_k), b);
     }

@@ -120,16 +120,31 @@ Halide::Func rounded_to_bf16(const std::string &name, Halide::Func in, Halide::E
 // Head view of a [B, S, H] tensor: (head_dim, head, seq, batch), the transpose_for_scores view.
 Halide::Func split_heads(const std::string &name, Halide::Func tensor, Halide::Expr head_dim);
 
-// scores(j, i, h, b) = Q[b,i,h,:]·K[b,j,h,:] / √d + bias(j, i, h, b)
+// The operands of a bf16 QKᵀ or P·V (the flash core's, and the bf16 stages'), rounded to bf16
+// (to nearest even) and laid out as their products read them: QKᵀ sums pairs of head
+// features, P·V pairs of keys, each pair one 4-byte load (vdpbf16ps's unit).
+// Q: (head_dim, head, query, batch), zero past d (so that d may be odd).
+Halide::Func queries_bf16(const std::string &name, Halide::Func q_heads, Halide::Expr head_dim, Halide::Expr s_q);
+// K: (pair, key, head_dim_pair, head, batch), K[key, 2·head_dim_pair + pair], zero past d.
+Halide::Func keys_in_pairs(const std::string &name, Halide::Func k_heads, Halide::Expr head_dim, Halide::Expr s_k);
+// V: (pair, head_dim, key_pair, head, batch), V[2·key_pair + pair, head_dim]; past s_k, the
+// last key's (its weight is zero).
+Halide::Func values_in_pairs(const std::string &name, Halide::Func v_heads, Halide::Expr head_dim, Halide::Expr s_k);
+
+// scores(j, i, h, b) = Q[b,i,h,:]·K[b,j,h,:] / √d + bias(j, i, h, b). In bf16 (precision), Q
+// and K are rounded to bf16 and the products summed in f32 a pair of head features at a time.
 struct Scores {
-    Halide::Func query_heads;     // (head_dim, head, query, batch): Q's head view
-    Halide::Func key_transposed;  // (key, head_dim, head, batch): K with keys innermost
-    Halide::Func dot;             // unscaled Q·Kᵀ
+    Precision precision;
+    // (head_dim, head, query, batch): Q's head view; bf16: rounded (queries_bf16)
+    Halide::Func query_heads;
+    // fp32: (key, head_dim, head, batch), K with keys innermost. bf16: keys_in_pairs.
+    Halide::Func key_transposed;
+    Halide::Func dot;  // unscaled Q·Kᵀ
     Halide::Func scores;
-    Halide::RDom e;
+    Halide::RDom e;  // fp32: (head_dim); bf16: (pair, head_dim_pair)
 };
 Scores scaled_scores(Halide::Func q_heads, Halide::Func k_heads, Halide::Func bias, Halide::Expr head_dim,
-                     Halide::Expr s_q, Halide::Expr s_k);
+                     Halide::Expr s_q, Halide::Expr s_k, Precision precision = Precision::fp32);
 
 // A key j is kept for query i unless key_padding_mask(j, b) == 0, or causal and
 // j > i + (S_k − S_q) (bottom-right aligned). Excluded keys get probability 0; a row
@@ -145,16 +160,20 @@ struct MaskedSoftmax {
 MaskedSoftmax masked_softmax(Halide::Func scores, Halide::Func key_padding_mask, Halide::Expr causal, Halide::Expr s_q,
                              Halide::Expr s_k);
 
-// ctx(e, h, i, b) = Σ_j probs(j, i, h, b) · V[b, j, h, e]
+// ctx(e, h, i, b) = Σ_j probs(j, i, h, b) · V[b, j, h, e]. In bf16 (precision), the
+// probabilities and V are rounded to bf16 and the products summed in f32 a pair of keys at a time.
 struct WeightedSum {
-    Halide::Func probs;    // (key, query, head, batch): what weights the values
-    Halide::Func values;   // (head_dim, head, key, batch): V's head view
+    Precision precision;
+    // (key, query, head, batch): what weights the values; bf16: rounded, zero past s_k
+    Halide::Func probs;
+    // fp32: (head_dim, head, key, batch), V's head view. bf16: values_in_pairs.
+    Halide::Func values;
     Halide::Func ctx_sum;  // (head_dim, head, query, batch): the reduction over keys
     Halide::Func ctx;      // (head_dim, head, query, batch): its result
-    Halide::RDom j;
+    Halide::RDom j;        // fp32: (key); bf16: (pair, key_pair)
 };
 WeightedSum weighted_sum(Halide::Func probs, Halide::Func v_heads, Halide::Expr head_dim, Halide::Expr s_q,
-                         Halide::Expr s_k);
+                         Halide::Expr s_k, Precision precision = Precision::fp32);
 
 // y = LayerNorm(x + ctx · W_oᵀ + b_o), population variance, eps inside the root.
 struct OutputLayerNorm {

@@ -278,13 +278,25 @@ Prepared per_sequence_layer(const VariantInfo &variant, const ListedProblem &lp)
 }
 
 // The stages' functions (the manifest's functions of the other generators) are timed at
-// short contexts, the projections at every one; the fused layer's (kLayerFunction) on every problem.
-std::vector<std::string> stage_functions() {
-    std::vector<std::string> names;
+// short contexts, the projections at every one; the fused layer's (kLayerFunction) on every
+// problem. Each fp32 stage, with its functions in a reduced precision (`<stage>_<precision>`),
+// which are timed as `<variant>_<precision>` beside it, as the layer's are.
+struct StageFunction {
+    std::string name;
+    std::vector<std::pair<std::string, std::string>> reduced;  // (function, precision)
+};
+std::vector<StageFunction> stage_functions() {
+    std::vector<StageFunction> stages;
     for (const manifest::Function &f : manifest::kFunctions) {
-        if (!f.fused_layer) names.push_back(f.name);
+        if (!f.fused_layer && std::string(f.precision) == "fp32") stages.push_back({f.name, {}});
     }
-    return names;
+    for (const manifest::Function &f : manifest::kFunctions) {
+        if (f.fused_layer || std::string(f.precision) == "fp32") continue;
+        const std::string name = f.name, suffix = std::string("_") + f.precision;
+        for (StageFunction &s : stages)
+            if (s.name + suffix == name) s.reduced.emplace_back(name, f.precision);
+    }
+    return stages;
 }
 
 }  // namespace
@@ -335,10 +347,18 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
         add(kLayerFunction, "openblas_roofline", lp, [&lp] { return openblas_layer(true, lp); });
         add(kLayerFunction, "openblas_unfused", lp, [&lp] { return openblas_layer(false, lp); });
         const bool short_context = lp.problem.s_q <= kLongestStageSeq;
-        for (const std::string &name : stage_functions()) {
+        for (const StageFunction &stage : stage_functions()) {
+            const std::string &name = stage.name;
             if (!short_context && !timed_at_every_length(name)) continue;
             for (const VariantInfo *v : timed) {
                 add(name, v->name, lp, [name, v, &lp] { return function_case(name, *v, lp); });
+            }
+            for (const auto &[function, precision] : stage.reduced) {
+                for (const VariantInfo *v : timed) {
+                    if (std::find(v->functions.begin(), v->functions.end(), function) == v->functions.end()) continue;
+                    add(name, v->name + "_" + precision, lp,
+                        [function = function, v, &lp] { return function_case(function, *v, lp); });
+                }
             }
         }
         for (const auto &[name, gemms] : stage_peers) {

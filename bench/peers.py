@@ -405,7 +405,8 @@ class SdpaCorePeer(Peer):
 
 def cpu_peers(threads):
     return [lambda precision=precision: PyTorchPeer(threads, precision) for precision in ("fp32", "bf16", "int8")] + \
-        [lambda: OnnxRuntimePeer(threads), lambda: OnnxRuntimeInt8Peer(threads), lambda: SdpaCorePeer("cpu", threads)]
+        [lambda: OnnxRuntimePeer(threads), lambda: OnnxRuntimeInt8Peer(threads), lambda: SdpaCorePeer("cpu", threads),
+         lambda: SdpaCorePeer("cpu", threads, bf16=True)]
 
 
 def cuda_peers():

@@ -210,6 +210,28 @@ def stages_section(doc, groups):
     return out
 
 
+def stage_precision_section(doc, groups):
+    """Each stage (and the core) in a reduced precision against the same variant in fp32, paired
+    per round, and the core against PyTorch's SDPA in that precision where it was timed."""
+    rows = []
+    for p in doc["problems"]:
+        for stage in STAGES:
+            group = groups.get((stage, p["name"]), {})
+            for impl in sorted(i for i in timed(group) if group[i].get("kind") in PRECISIONS):
+                precision = precision_of(impl)
+                fp32 = impl[: -len(precision) - 1]
+                peer = f"pytorch_sdpa_{precision}"
+                rows.append(f"| {p['name']} | {stage} | {impl} | {fmt(timed(group)[impl], '{:.3f}')} | "
+                            f"{ratio(group, fp32, impl) or '-'} | {ratio(group, peer, impl) or '-'} |")
+    if not rows:
+        return []
+    return ["## Stages in a reduced precision", "",
+            "Speedup (paired: the other's time / this one's) over the same variant in fp32, and over PyTorch's "
+            "scaled_dot_product_attention in that precision (the core).", "",
+            "| problem | function | implementation | ms | vs its fp32 | vs PyTorch SDPA, same precision |",
+            "|---|---|---|---|---|---|"] + rows + [""]
+
+
 def scaling_section(doc, groups):
     """Strong scaling, where compare.py timed an implementation at several thread counts
     (<impl>@<n>t): the speedup over the fewest threads, paired per round, and the efficiency,
@@ -336,6 +358,7 @@ def markdown(doc):
     out += autotuned_section(doc, groups)
     out += scaling_section(doc, groups)
     out += stages_section(doc, groups)
+    out += stage_precision_section(doc, groups)
     return "\n".join(out) + "\n"
 
 

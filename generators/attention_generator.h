@@ -46,6 +46,12 @@ public:
     Halide::GeneratorParam<int> context_vectors = manual_parameter("context_vectors");
     Halide::GeneratorParam<int> query_block = manual_parameter("query_block");
     Halide::GeneratorParam<int> key_block = manual_parameter("key_block");
+    // The precision of the function's products (attn_gen::Precision); each generator takes
+    // the ones it has through checked_precision().
+    Halide::GeneratorParam<Precision> precision{
+        "precision",
+        Precision::fp32,
+        {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"int8", Precision::int8}}};
     // The GPU schedule's own: its projections' register tiles and blocks.
     Halide::GeneratorParam<int> gpu_thread_rows = manual_parameter("gpu_thread_rows");
     Halide::GeneratorParam<int> gpu_col_threads = manual_parameter("gpu_col_threads");
@@ -69,6 +75,20 @@ public:
         return {attn_sched::manual_parameter_for(t, "query_block", query_block),
                 attn_sched::manual_parameter_for(t, "key_block", key_block),
                 attn_sched::key_chunk(t, attn_sched::manual_parameter_for(t, "tile_vectors", tile_vectors))};
+    }
+
+    // `precision`, once checked: fp32 everywhere; bf16 where the generator has it (`bf16`),
+    // int8 likewise; both on CPUs only.
+    Precision checked_precision(const char *generator, bool bf16, bool int8) const {
+        const Precision p = precision;
+        const char *name = p == Precision::bf16 ? "bf16" : "int8";
+        if (p == Precision::fp32) return p;
+        if ((p == Precision::bf16 && !bf16) || (p == Precision::int8 && !int8))
+            _halide_user_error << generator << ": has no precision=" << name << "\n";
+        if (this->get_target().has_gpu_feature())
+            _halide_user_error << generator << ": precision=" << name << " is built for CPUs only, not for "
+                               << this->get_target() << "\n";
+        return p;
     }
 
     int estimate_batch() const { return this->get_target().has_gpu_feature() ? kEstimateBatchGpu : kEstimateBatchCpu; }

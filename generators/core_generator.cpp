@@ -1,7 +1,8 @@
 // The attention core alone, as scaled dot-product attention takes it: Q, K and V in (the
 // projections done elsewhere), the context out. Scores, masked softmax and weighted sum
 // fused, the fused layer's flash core (attn_gen::FlashAttention): no S_q × S_k buffer,
-// memory O(S). manifest.json: attention_core.
+// memory O(S). manifest.json: attention_core; precision=bf16, the flash core in bf16
+// (attention_core_bf16): Q, K, V and the exponentials rounded to bf16, f32 sums.
 #include "attention_generator.h"
 
 namespace attn_gen {
@@ -26,7 +27,8 @@ public:
         flash_ = flash_attention(split_heads("q_heads", q, head_dim), split_heads("k_heads", k, head_dim),
                                  split_heads("v_heads", v, head_dim), key_padding_mask, key_end_, bias,
                                  bias.dim(0).extent(), causal,
-                                 head_dim, s_q, s_k, blocking());
+                                 head_dim, s_q, s_k, blocking(), Func(),
+                                 checked_precision("attention_core", true, false));
         const Dims d;
         out_ = Func{"context"};
         out_(d.head_dim, d.head, d.query, d.batch) = flash_.ctx(d.head_dim, d.head, d.query, d.batch);

@@ -18,10 +18,6 @@ public:
     GeneratorParam<bool> output_probs{"output_probs", false};
     // Packed variable-length sequences (DESIGN.md) instead of a padded batch.
     GeneratorParam<bool> packed{"packed", false};
-    // The projections' operands (attn_gen::Precision); bf16 and int8 are CPU functions.
-    GeneratorParam<Precision> precision{"precision",
-                                        Precision::fp32,
-                                        {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"int8", Precision::int8}}};
 
     // Dense: (hidden, seq_q, batch) = [B, S_q, H]. Packed: the token rows as a batch of one,
     // (hidden, token, 1) = [1, T, H].
@@ -67,9 +63,7 @@ public:
     }
 
     void generate() {
-        if (precision != Precision::fp32 && get_target().has_gpu_feature())
-            _halide_user_error << "attention_layer: precision=" << (precision == Precision::bf16 ? "bf16" : "int8")
-                               << " is built for CPUs only, not for " << get_target() << "\n";
+        checked_precision("attention_layer", true, true);
         LayerInputs in;
         in.x = x;
         in.w_q = w_q, in.w_k = w_k, in.w_v = w_v, in.w_o = w_o;

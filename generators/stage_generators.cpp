@@ -7,8 +7,20 @@ namespace attn_gen {
 
 using namespace Halide;
 
+namespace {
+// A weight (in, out) as nn.Linear's, read rounded to bf16: the bf16 stages take their f32
+// weights with each call and round them as their panels read them.
+Func rounded_weight(const std::string &name, Func weight) {
+    Var in{"in"}, out{"out"};
+    Func rounded{name};
+    rounded(in, out) = cast(BFloat(16), weight(in, out));
+    return rounded;
+}
+}  // namespace
+
 // Q = x_q·W_qᵀ + b_q, K = x_kv·W_kᵀ + b_k, V = x_kv·W_vᵀ + b_v. Self-attention passes
-// the same buffer as x_q and x_kv.
+// the same buffer as x_q and x_kv. precision=bf16: the activations and weights rounded to bf16,
+// the products summed in f32 (qkv_projection_bf16).
 class QkvProjection : public AttentionGenerator<QkvProjection> {
 public:
     Input<Buffer<float, 3>> x_q{"x_q"};                          // (hidden, seq_q, batch) = [B, S_q, H]
@@ -19,10 +31,18 @@ public:
     Output<Buffer<float, 3>> k{"k"}, v{"v"};                     // (hidden, seq_k, batch)
 
     void generate() {
+        const Precision p = checked_precision("qkv_projection", true, false);
         Expr hidden = x_q.dim(0).extent(), s_q = x_q.dim(1).extent(), s_k = x_kv.dim(1).extent();
-        q_ = linear("q", x_q, w_q, b_q, hidden, s_q);
-        k_ = linear("k", x_kv, w_k, b_k, hidden, s_k);
-        v_ = linear("v", x_kv, w_v, b_v, hidden, s_k);
+        Func in_q = x_q, in_kv = x_kv, wq = w_q, wk = w_k, wv = w_v;
+        if (p == Precision::bf16) {
+            in_q = rounded_to_bf16("x_q_rounded", x_q, hidden);
+            in_kv = rounded_to_bf16("x_kv_rounded", x_kv, hidden);
+            wq = rounded_weight("w_q_rounded", w_q), wk = rounded_weight("w_k_rounded", w_k);
+            wv = rounded_weight("w_v_rounded", w_v);
+        }
+        q_ = linear("q", in_q, wq, b_q, hidden, s_q, Func(), WeightLayout::linear, p);
+        k_ = linear("k", in_kv, wk, b_k, hidden, s_k, Func(), WeightLayout::linear, p);
+        v_ = linear("v", in_kv, wv, b_v, hidden, s_k, Func(), WeightLayout::linear, p);
         q = q_.out;
         k = k_.out;
         v = v_.out;
@@ -44,7 +64,8 @@ private:
     Linear q_, k_, v_;
 };
 
-// scores = Q·Kᵀ / √d + bias, per head.
+// scores = Q·Kᵀ / √d + bias, per head. precision=bf16: Q and K rounded to bf16
+// (attention_scores_bf16).
 class AttentionScores : public AttentionGenerator<AttentionScores> {
 public:
     Input<Buffer<float, 3>> q{"q"};        // (hidden, seq_q, batch) = [B, S_q, H]
@@ -56,7 +77,8 @@ public:
     void generate() {
         Expr head_dim = q.dim(0).extent() / heads;
         scores_ = scaled_scores(split_heads("q_heads", q, head_dim), split_heads("k_heads", k, head_dim), bias,
-                                head_dim, q.dim(1).extent(), k.dim(1).extent());
+                                head_dim, q.dim(1).extent(), k.dim(1).extent(),
+                                checked_precision("attention_scores", true, false));
         scores = scores_.scores;
 
         estimate_activation(q);
@@ -74,7 +96,8 @@ private:
     Scores scores_;
 };
 
-// probs = softmax over keys of the scores, with the key padding mask and causal mask.
+// probs = softmax over keys of the scores, with the key padding mask and causal mask. f32 in
+// every precision (DESIGN.md): a bf16 caller runs this one.
 class MaskedSoftmaxStage : public AttentionGenerator<MaskedSoftmaxStage> {
 public:
     Input<Buffer<float, 4>> scores{"scores"};                        // (key, query, head, batch)
@@ -83,6 +106,7 @@ public:
     Output<Buffer<float, 4>> probs{"probs"};  // (key, query, head, batch)
 
     void generate() {
+        checked_precision("masked_softmax", false, false);
         softmax_ = masked_softmax(scores, key_padding_mask, causal, scores.dim(1).extent(), scores.dim(0).extent());
         probs = softmax_.probs;
 
@@ -100,7 +124,8 @@ private:
     MaskedSoftmax softmax_;
 };
 
-// ctx = probs · V per head, heads concatenated.
+// ctx = probs · V per head, heads concatenated. precision=bf16: the probabilities and V rounded
+// to bf16 (weighted_sum_bf16).
 class WeightedSumStage : public AttentionGenerator<WeightedSumStage> {
 public:
     Input<Buffer<float, 4>> probs{"probs"};  // (key, query, head, batch) = [B, heads, S_q, S_k]
@@ -112,7 +137,7 @@ public:
     void generate() {
         Expr head_dim = v.dim(0).extent() / probs.dim(2).extent();
         context_ = weighted_sum(probs, split_heads("v_heads", v, head_dim), head_dim, probs.dim(1).extent(),
-                                probs.dim(0).extent());
+                                probs.dim(0).extent(), checked_precision("weighted_sum", true, false));
         ctx = context_.ctx;
 
         probs.set_estimates(score_estimate());
@@ -129,7 +154,8 @@ private:
     WeightedSum context_;
 };
 
-// y = LayerNorm(x + ctx·W_oᵀ + b_o).
+// y = LayerNorm(x + ctx·W_oᵀ + b_o). precision=bf16: the context and W_o rounded to bf16
+// (output_layernorm_bf16); residual and LayerNorm in f32.
 class OutputLayerNormStage : public AttentionGenerator<OutputLayerNormStage> {
 public:
     Input<Buffer<float, 3>> ctx{"ctx"};                                // (hidden, seq, batch) = [B, S, H]
@@ -142,8 +168,10 @@ public:
     void generate() {
         Expr hidden = x.dim(0).extent();
         // One "head" spanning all of H: the same algorithm the fused layer uses on its head view.
-        output_ = output_layernorm(split_heads("ctx_heads", ctx, hidden), x, w_o, b_o, gamma, beta, eps, hidden, 1,
-                                   hidden, x.dim(1).extent());
+        const Precision p = checked_precision("output_layernorm", true, false);
+        output_ = output_layernorm(split_heads("ctx_heads", ctx, hidden), x,
+                                   p == Precision::bf16 ? rounded_weight("w_o_rounded", w_o) : Func(w_o), b_o, gamma,
+                                   beta, eps, hidden, 1, hidden, x.dim(1).extent(), WeightLayout::linear, p);
         y = output_.y;
 
         estimate_activation(ctx);

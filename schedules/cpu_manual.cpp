@@ -180,10 +180,27 @@ void tiled_rows(Func product, const Var &col, const Var &row, const std::vector<
     register_tile(product, col, row, reduction, columns, LoopLevel(rows, ro), t, target, precision);
 }
 
-// Q·Kᵀ for the rows of `block` (a block of queries, all keys): K is transposed per
-// head so keys are contiguous.
-void schedule_dot_rows(attn_gen::Scores sc, LoopLevel block, const CpuTiling &t, const Target &target) {
-    tiled_rows(sc.dot, dims.key, dims.query, {sc.e}, t.tile_vectors, block, t, target);
+// bf16 K or V in pairs (attn_gen::keys_in_pairs, values_in_pairs: (pair, along, outer, ...))
+// computed at `at`, stored as the register tiles read them: with native bf16 a pair
+// innermost, so that one load is vw keys' (or head features') pairs; otherwise `along`
+// innermost, one vector per element of the pair.
+void schedule_pairs(Func pairs, LoopLevel at, const Target &target) {
+    const Var p = pairs.args()[0], along = pairs.args()[1], outer = pairs.args()[2];
+    pairs.compute_at(at).bound_extent(p, 2).reorder(p, along, outer).vectorize(along, vector_width(target), kGuard).unroll(p);
+    if (!native_bf16(target)) pairs.reorder_storage(along, p, outer);
+}
+
+// Q·Kᵀ for the rows of `block` (a block of queries, all keys). K is transposed per head
+// (`head`) so keys are contiguous; bf16: in pairs of head features, and the block's queries rounded.
+void schedule_dot_rows(attn_gen::Scores sc, LoopLevel head, LoopLevel block, const CpuTiling &t, const Target &target) {
+    const int vw = vector_width(target);
+    if (sc.precision == attn_gen::Precision::bf16) {
+        schedule_pairs(sc.key_transposed, head, target);
+        sc.query_heads.compute_at(block).vectorize(dims.head_dim, vw, kGuard);
+    } else {
+        sc.key_transposed.compute_at(head).vectorize(dims.key, vw, kGuard);
+    }
+    tiled_rows(sc.dot, dims.key, dims.query, rvars(sc.e), t.tile_vectors, block, t, target, sc.precision);
 }
 
 // Row max, exponentials, row sum and probabilities for the rows computed at `at`;
@@ -210,7 +227,12 @@ void schedule_context(attn_gen::WeightedSum w, const CpuTiling &t, const Target 
         .split(e, eo, ei, columns, kGuard)
         .reorder(ei, ii, ir, eo, io, h, b)
         .vectorize(ei, vw, kGuard);
-    register_tile(w.ctx_sum, e, i, {w.j}, columns, LoopLevel(w.ctx, ir), t, target);
+    register_tile(w.ctx_sum, e, i, rvars(w.j), columns, LoopLevel(w.ctx, ir), t, target, w.precision);
+    if (w.precision == attn_gen::Precision::bf16) {
+        // V in pairs of keys per head, and the block's probabilities rounded.
+        schedule_pairs(w.values, LoopLevel(w.ctx, h), target);
+        w.probs.compute_at(w.ctx, io).vectorize(dims.key, vw, kGuard);
+    }
 }
 
 // dense = residual + bias + ctx·W_oᵀ as a projection (packed panels, register tiles),
@@ -242,6 +264,12 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
 
 void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const CpuTiling &t,
                                  const Target &target) {
+    // bf16: what the projections read, rounded once (k and v read the same; self-attention's
+    // fused layer rounds x once for all three).
+    if (q.precision == attn_gen::Precision::bf16) {
+        schedule_rounded(q.input, target);
+        if (k.input.name() != q.input.name()) schedule_rounded(k.input, target);
+    }
     for (attn_gen::Linear l : {q, k, v}) schedule_projection(l, LoopLevel::root(), t, target);
 }
 
@@ -255,8 +283,7 @@ void schedule_attention_scores_cpu(attn_gen::Scores sc, const CpuTiling &t, cons
         .vectorize(j, vw, kGuard)
         .parallel(h)
         .parallel(b);
-    sc.key_transposed.compute_at(sc.scores, h).vectorize(j, vw, kGuard);
-    schedule_dot_rows(sc, LoopLevel(sc.scores, io), t, target);
+    schedule_dot_rows(sc, LoopLevel(sc.scores, h), LoopLevel(sc.scores, io), t, target);
 }
 
 void schedule_masked_softmax_cpu(attn_gen::MaskedSoftmax m, const CpuTiling &, const Target &target) {
@@ -304,16 +331,9 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
     key_end.compute_root();
     const bool bf16 = f.precision == attn_gen::Precision::bf16;
     if (bf16) {
-        // K and V rounded in pairs (attn_gen::FlashAttention::keys, values), stored as the
-        // register tiles read them: with native bf16 a pair innermost, so that one load is
-        // vw keys' (or head features') pairs; otherwise the keys (head features) innermost.
-        Var p = f.keys.args()[0], e_pair = f.keys.args()[2], j_pair = f.values.args()[2];
-        f.keys.compute_at(pair).bound_extent(p, 2).reorder(p, j, e_pair).vectorize(j, vw, kGuard).unroll(p);
-        f.values.compute_at(pair).bound_extent(p, 2).reorder(p, e, j_pair).vectorize(e, vw, kGuard).unroll(p);
-        if (!native_bf16(target)) {
-            f.keys.reorder_storage(j, p, e_pair);
-            f.values.reorder_storage(e, p, j_pair);
-        }
+        // K and V rounded in pairs (attn_gen::FlashAttention::keys, values), per head.
+        schedule_pairs(f.keys, pair, target);
+        schedule_pairs(f.values, pair, target);
         f.queries.compute_at(rows).vectorize(e, vw, kGuard);
     } else {
         f.keys.compute_at(pair).vectorize(j, vw, kGuard);
@@ -368,9 +388,6 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
     if (l.x_quantized.values.defined()) {
         schedule_quantized(l.x_quantized, target);
         if (l.kv_quantized.values.name() != l.x_quantized.values.name()) schedule_quantized(l.kv_quantized, target);
-    } else if (l.x_rounded.defined()) {
-        schedule_rounded(l.x_rounded, target);
-        if (l.kv_rounded.name() != l.x_rounded.name()) schedule_rounded(l.kv_rounded, target);
     }
     schedule_qkv_projection_cpu(l.q, l.k, l.v, t, target);
     if (probs_are_output) {
@@ -385,8 +402,7 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
             .parallel(h)
             .parallel(b);
         LoopLevel rows(l.softmax.probs, pio);
-        l.scores.key_transposed.compute_at(l.softmax.probs, h).vectorize(j, vw, kGuard);
-        schedule_dot_rows(l.scores, rows, t, target);
+        schedule_dot_rows(l.scores, LoopLevel(l.softmax.probs, h), rows, t, target);
         schedule_softmax_rows(l.softmax, rows, false, target);
     } else {
         schedule_flash_core(l.flash, l.key_end, t, target);

@@ -168,13 +168,42 @@ TEST_P(ReducedPrecisionTest, RefusesWhatItCannotDo) {
         layer.forward_packed(packed.inputs(), view(y_packed, {packed.tokens(), packed.hidden}),
                              view(probs_packed, {int64_t(probs_packed.size())}));
     });
-    // The stages are fp32: a reduced-precision config is refused, not computed in fp32.
+    // The stages: int8 is a layer's only, refused rather than computed in fp32; bf16 is refused
+    // by a variant without the bf16 stage, naming those with it, and by one without the
+    // instructions unless the caller allows it. (StageTest checks each bf16 stage against the reference.)
     std::vector<float> q(y.size()), k(y.size()), v(y.size());
     const Shape shape{d.problem.batch, d.problem.s_q, d.problem.hidden};
-    expect_error("precision", "fp32 only", [&] {
-        stages::qkv_projection(select_variant(), config, d.inputs().x, d.inputs().x, d.weights(), view(q, shape),
-                               view(k, shape), view(v, shape));
-    });
+    auto project = [&](const VariantInfo &variant, const Config &c) {
+        stages::qkv_projection(variant, c, d.inputs().x, d.inputs().x, d.weights(), view(q, shape), view(k, shape),
+                               view(v, shape));
+    };
+    if (precision == Precision::int8) {
+        expect_error("precision", "int8 is a precision of the whole layer", [&] { project(select_variant(), config); });
+        return;
+    }
+    for (const VariantInfo &variant : variants()) {
+        if (!variant.runnable || provides(variant, "qkv_projection_bf16")) continue;
+        expect_error("variant", "does not provide qkv_projection_bf16; the variants that do: ",
+                     [&] { project(variant, config); });
+        break;
+    }
+    if (const VariantInfo *without = first_runnable(precision, false)) {
+        expect_error("precision", rp.without_feature, [&] { project(*without, config); });
+        project(*without, reduced_config(d.problem, precision, true));
+    }
+}
+
+// The softmax has no products: a bf16 config computes it in f32, as fp32 does, bit for bit.
+TEST(Bf16, MaskedSoftmaxIsTheFp32One) {
+    const Problem p = small();
+    const Shape shape{p.batch, p.heads, p.s_q, p.s_k};
+    std::vector<float> scores(std::size_t(p.batch * p.heads * p.s_q * p.s_k)), fp32(scores.size()), bf16(scores.size());
+    for (std::size_t i = 0; i < scores.size(); ++i) scores[i] = 3 * std::sin(0.37f * float(i));
+    const VariantInfo &variant = select_variant();
+    stages::masked_softmax(variant, p.config(), {scores.data(), scores.size(), shape}, {}, view(fp32, shape));
+    stages::masked_softmax(variant, reduced_config(p, Precision::bf16), {scores.data(), scores.size(), shape}, {},
+                           view(bf16, shape));
+    EXPECT_EQ(std::memcmp(fp32.data(), bf16.data(), fp32.size() * sizeof(float)), 0);
 }
 
 // NaN in one token's input: its own row of y is NaN, and, through K and V (which every query

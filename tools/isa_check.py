@@ -2,7 +2,7 @@
 """The instructions a reduced-precision function compiles to, checked in its object file, as
 Halide's own simd_op_check does: every bf16 function (manifest.json: precision) built for an
 ISA with avx512bf16 must use vdpbf16ps, and every int8 one built for an ISA with avx512vnni
-vpdpbusd, in every projection's register tile; one built for an ISA without the feature (the
+vpdpbusd, in each of its register tiles (manifest.json: register_tiles); one built for an ISA without the feature (the
 fallback) must use none, and no AVX-512 register either, so that it runs where AVX-512 does not.
 
     python3 tools/isa_check.py --build build/release          # every bf16 and int8 object this build made
@@ -23,10 +23,6 @@ import manifest  # noqa: E402
 # Per reduced precision: the instruction of its products, and the CPU feature it needs
 # (manifest.json's cpu_features name).
 INSTRUCTIONS = {"bf16": ("vdpbf16ps", "avx512bf16"), "int8": ("vpdpbusd", "avx512vnni")}
-# Each of the four projections' register tiles is at least one tile of the hand-written
-# schedule's rows × vectors (manifest.json's manual_parameters defaults) products: fewer, and
-# some projection lost the instruction.
-PROJECTIONS = 4
 
 
 def count(disassembly, pattern):
@@ -47,14 +43,17 @@ def check(m, build, arch, show):
                               check=True).stdout
         dot, zmm = count(text, rf"\b{instruction}\b"), count(text, r"%zmm\d+")
         native = feature in m.isas[lib["isa"]]["cpu_features"]
+        # Each register tile is at least the hand-written schedule's rows × its vectors (the
+        # manual parameters' defaults) products: fewer, and some tile lost the instruction.
         defaults = {p["name"]: p["default"] for p in m.data["manual_parameters"]}
-        needed = PROJECTIONS * defaults["tile_rows"] * defaults["tile_vectors"]
+        tiles = m.functions[lib["function"]]["register_tiles"]
+        needed = sum(defaults["tile_rows"] * defaults[t] for t in tiles)
         checked += 1
         if show:
             print(f"{lib['name']}: {dot} {instruction}, {zmm} zmm operands ({'native' if native else 'fallback'})")
         if native and dot < needed:
-            failures.append(f"{path.name}: {dot} {instruction}, expected at least {needed} (a register tile per "
-                            f"projection) on {lib['isa']}, which has {feature}")
+            failures.append(f"{path.name}: {dot} {instruction}, expected at least {needed} (its {len(tiles)} register "
+                            f"tiles) on {lib['isa']}, which has {feature}")
         if not native and (dot or (zmm and "avx512f" not in m.isas[lib["isa"]]["cpu_features"])):
             failures.append(f"{path.name}: {dot} {instruction} and {zmm} zmm operands on {lib['isa']}, which has "
                             f"neither {feature} nor, unless listed, AVX-512")

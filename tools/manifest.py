@@ -93,6 +93,18 @@ class Manifest:
                     error(f"{f['name']}: built_for names {v!r}, not a variant (<source>_<isa>) of the manifest")
             if "built_for" in f and not f.get("built_for_because"):
                 error(f"{f['name']}: built_for needs built_for_because")
+            # A reduced precision's function: `<its fp32 function>_<precision>`, with that one's
+            # arguments (int8 adds weight_scales), and its register tiles for tools/isa_check.py.
+            precision = f.get("precision", "fp32")
+            if precision != "fp32":
+                base = self.functions.get(f["name"].removesuffix("_" + precision))
+                if not f["name"].endswith("_" + precision) or base is None or base.get("precision", "fp32") != "fp32":
+                    error(f"{f['name']}: a {precision} function is named <an fp32 function>_{precision}")
+                elif [a for a in f["arguments"] if a != "weight_scales"] != base["arguments"]:
+                    error(f"{f['name']}: expected the arguments of {base['name']} (and weight_scales in int8)")
+                if not f.get("register_tiles") or any(t not in f["manual_parameters"] for t in f["register_tiles"]):
+                    error(f"{f['name']}: register_tiles lists its products' register tiles, each by the manual "
+                          "parameter of its vectors (one of its manual_parameters)")
             if f.get("tuned_with", f["generator"]) not in generators:
                 raise ValueError(f"manifest.json: {f['name']}: tuned_with names unknown generator {f['tuned_with']!r}")
             for p in f["manual_parameters"]:
@@ -160,8 +172,10 @@ class Manifest:
                      if g["generator"] == f["generator"] and g["params"] == want), None)
 
     def stage_functions(self):
-        """The functions of the five stages (every generator but the fused layer's)."""
-        return [name for name, f in self.functions.items() if f["generator"] != LAYER_GENERATOR]
+        """The fp32 functions of the stages (every generator but the fused layer's); a stage's
+        reduced-precision function (<stage>_bf16) is timed as <variant>_bf16 beside it."""
+        return [name for name, f in self.functions.items()
+                if f["generator"] != LAYER_GENERATOR and self.precision(name) == "fp32"]
 
     def layer_functions(self):
         return self.functions_of_generator(LAYER_GENERATOR)

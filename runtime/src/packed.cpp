@@ -200,7 +200,7 @@ detail::FunctionCall detail::packed_layer_call(bool with_probs, Precision precis
         if (with_probs) out.push_back({"probs", {packed_probs_size(in.packed.sequence_offsets, c.config.num_heads)}});
         return out;
     };
-    auto config_of = [precision](const CallShape &c) { return layer_call_config(c, precision); };
+    auto config_of = [precision](const CallShape &c) { return call_config(c, precision); };
     f.prepare = [with_probs, config_of](const VariantInfo &variant, const CallShape &c, const CallInputs &in,
                                         const std::vector<MutableTensor> &out) -> std::function<void()> {
         auto layer = std::make_shared<Attention>(config_of(c), in.weights, variant.name);

@@ -201,8 +201,9 @@ std::vector<T> weighted_sum(const Config &config, Sizes sz, const std::vector<T>
 template <typename T>
 std::vector<T> attention_core(const Config &config, Sizes sz, const std::vector<T> &q, const std::vector<T> &k,
                               const std::vector<T> &v, const MaskTensor &key_padding_mask, const ConstTensor &bias) {
-    return weighted_sum(config, sz,
-                        masked_softmax(config, sz, attention_scores(config, sz, q, k, bias), key_padding_mask), v);
+    const std::vector<T> scores =
+        attention_scores(config, sz, core_operand(config, q), core_operand(config, k), bias);
+    return weighted_sum(config, sz, masked_softmax(config, sz, scores, key_padding_mask), core_operand(config, v));
 }
 
 template <typename T>
@@ -224,9 +225,6 @@ std::vector<T> output_layernorm(const Config &config, Sizes sz, const std::vecto
     return y;
 }
 
-namespace {
-// A GEMM's input in the layer's precision, rows of `features` values: itself; each value
-// rounded to bf16; or each row quantized to u8 (from its f32 values) and dequantized.
 template <typename T>
 std::vector<T> gemm_input(const Config &config, std::vector<T> values, int64_t features) {
     if (config.precision == Precision::bf16) {
@@ -244,8 +242,6 @@ std::vector<T> gemm_input(const Config &config, std::vector<T> values, int64_t f
     return values;
 }
 
-// The layer's weights in its precision: the caller's, or the four matrices rounded to bf16
-// or quantized to int8 and dequantized (scale · value, in f32), held in `rounded`.
 LayerWeights gemm_weights(const Config &config, const LayerWeights &w, std::vector<std::vector<float>> &rounded) {
     if (config.precision == Precision::fp32) return w;
     LayerWeights out = w;
@@ -263,7 +259,6 @@ LayerWeights gemm_weights(const Config &config, const LayerWeights &w, std::vect
     }
     return out;
 }
-}  // namespace
 
 template <typename T>
 LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &given, const AttentionInputs &in) {
@@ -330,6 +325,7 @@ PackedOutputs<T> attention_layer_packed(const Config &config, const LayerWeights
                                            const std::vector<T> &, const MaskTensor &, const ConstTensor &);        \
     template std::vector<T> output_layernorm(const Config &, Sizes, const std::vector<T> &, const std::vector<T> &, \
                                              const LayerWeights &);                                                 \
+    template std::vector<T> gemm_input(const Config &, std::vector<T>, int64_t);                                 \
     template LayerOutputs<T> attention_layer(const Config &, const LayerWeights &, const AttentionInputs &);        \
     template PackedOutputs<T> attention_layer_packed(const Config &, const LayerWeights &, const PackedInputs &);
 ATTN_INSTANTIATE(float)
@@ -438,6 +434,22 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
     return eta;
 }
 }  // namespace
+
+std::vector<double> core_allowance(const Config &config, Sizes sz, const ConstTensor &q, const ConstTensor &k,
+                                   const ConstTensor &v, const MaskTensor &key_padding_mask, const ConstTensor &bias) {
+    if (!bf16_core(config)) return {};
+    // The core's part of a layer's outputs, from these q, k and v.
+    auto core = [&](auto t) {
+        using T = decltype(t);
+        LayerOutputs<T> out;
+        out.q = widen<T>(q), out.k = widen<T>(k), out.v = widen<T>(v);
+        out.scores = attention_scores(config, sz, core_operand(config, out.q), core_operand(config, out.k), bias);
+        out.probs = masked_softmax(config, sz, out.scores, key_padding_mask);
+        out.ctx = weighted_sum(config, sz, out.probs, core_operand(config, out.v));
+        return out;
+    };
+    return core_rounding_eta(config, sz, core(double()), core(float()));
+}
 
 std::vector<double> context_allowance(const Config &config, const LayerWeights &given, const AttentionInputs &inputs,
                                       const LayerOutputs<double> &exact, const LayerOutputs<float> &float32) {

@@ -7,6 +7,7 @@
 #include "pipeline_call.h"
 #include "validation.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 
@@ -24,6 +25,30 @@ std::pair<Shape, int64_t> check_queries_and_keys(const Config &config, const Con
     const int64_t s_k = check_rank("k", k, 3, "[B, S_k, H]")[1];
     check_tensor("k", k, {qs[0], s_k, config.hidden_size}, "[B, S_k, H]");
     return {qs, s_k};
+}
+
+// The manifest function that runs `stage` in config.precision on `variant`: the stage itself
+// in fp32, `<stage>_bf16` in bf16 (manifest.json), which the variant must have, and compute
+// natively unless config.allow_storage_only. (The softmax, which has no products, is f32 in
+// every precision: masked_softmax does not ask.)
+std::string stage_function(const VariantInfo &variant, const Config &config, const std::string &stage) {
+    if (config.precision == Precision::fp32) return stage;
+    const ReducedPrecision &p = reduced_precision(config.precision);
+    const std::string function = stage + "_" + p.name;
+    if (std::find(variant.functions.begin(), variant.functions.end(), function) == variant.functions.end()) {
+        std::string with;
+        for (const VariantInfo &v : variants())
+            if (std::find(v.functions.begin(), v.functions.end(), function) != v.functions.end())
+                with += (with.empty() ? "" : ", ") + v.name;
+        throw Error("variant", "'" + variant.name + "' has no " + p.name + " " + stage + " (precision " + p.name +
+                                   "): it does not provide " + function + "; the variants that do: " +
+                                   (with.empty() ? "none in this build" : with));
+    }
+    if (!computes_natively(variant, p.precision) && !config.allow_storage_only)
+        throw Error("precision", std::string(p.name) + " on '" + variant.name + "' would " + p.without_feature +
+                                     " (its ISA, " + variant.isa + ", has no " + p.cpu_feature +
+                                     "); set config.allow_storage_only to " + p.without_feature);
+    return function;
 }
 
 // ---- the by-name call table (attn/function_calls.h) ----
@@ -57,25 +82,43 @@ struct Extents {
     double attend() const { return 2 * B * Sq * Sk * H; }  // Q·Kᵀ or P·V over all heads
 };
 
-// A stage after the projections (one output, the layer's intermediates in):
-// `call(variant, config, inputs, output)`, `reference(shape, inputs, T())` in T.
+// A call's extents with its config in `precision` (call_config).
+CallShape in_precision(CallShape c, Precision precision) {
+    c.config = call_config(c, precision);
+    return c;
+}
+// A GEMM's input as a stage in c.config.precision takes it (reference::gemm_input), rows of
+// `features` values.
+template <typename T>
+std::vector<T> operand(const CallShape &c, const ConstTensor &t, int64_t features) {
+    return reference::gemm_input(c.config, widen<T>(t), features);
+}
+
+// A stage after the projections (one output, the layer's intermediates in), in `precision`:
+// `call(variant, config, inputs, output)`, `reference(shape, inputs, T())` in T, both given the
+// config in that precision; `allowance(shape, inputs)`, if given, the output's
+// (CallReference::allowance).
 template <typename Call, typename Reference>
-FunctionCall one_output_stage(const char *output, Shape (*shape)(const CallShape &),
-                              CallWork (*work)(const CallShape &), Call call, Reference reference) {
+FunctionCall one_output_stage(Precision precision, const char *output, Shape (*shape)(const CallShape &),
+                              CallWork (*work)(const CallShape &), Call call, Reference reference,
+                              std::vector<double> (*allowance)(const CallShape &, const CallInputs &) = nullptr) {
     FunctionCall f;
     f.work = work;
     f.outputs = [output, shape](const CallShape &c, const CallInputs &) {
         return std::vector<CallOutput>{{output, shape(c)}};
     };
-    f.prepare = [call](const VariantInfo &variant, const CallShape &c, const CallInputs &in,
-                       const std::vector<MutableTensor> &out) -> std::function<void()> {
-        return [&variant, config = c.config, in, out, call] {
+    f.prepare = [call, precision](const VariantInfo &variant, const CallShape &c, const CallInputs &in,
+                                  const std::vector<MutableTensor> &out) -> std::function<void()> {
+        return [&variant, config = call_config(c, precision), in, out, call] {
             call(variant, config, in, out[0]);
             synchronize(variant);
         };
     };
-    f.reference = [reference](const CallShape &c, const CallInputs &in) {
-        return CallReference{{reference(c, in, double())}, {reference(c, in, float())}};
+    f.reference = [reference, precision, allowance](const CallShape &shape, const CallInputs &in) {
+        const CallShape c = in_precision(shape, precision);
+        return CallReference{{reference(c, in, double())},
+                             {reference(c, in, float())},
+                             {allowance ? allowance(c, in) : std::vector<double>()}};
     };
     f.reads_intermediates = true;
     return f;
@@ -99,13 +142,13 @@ void qkv_projection(const VariantInfo &variant, const Config &config, ConstTenso
     auto xq_buffer = halide_view(x_q), xkv_buffer = halide_view(x_kv);
     pipeline::WeightBuffers w(weights, true, false);
     auto q_buffer = halide_view(q), k_buffer = halide_view(k), v_buffer = halide_view(v);
-    pipeline::Call call("qkv_projection", variant, pipeline::extents(xq[0], xq[1], s_k, config.num_heads, hidden));
+    pipeline::Call call(stage_function(variant, config, "qkv_projection"), variant, pipeline::extents(xq[0], xq[1], s_k, config.num_heads, hidden));
     call.input("x_q", xq_buffer, x_q.memory).input("x_kv", xkv_buffer, x_kv.memory).weights(w, false);
     call.output("q", q_buffer, q.memory).output("k", k_buffer, k.memory).output("v", v_buffer, v.memory).run();
 }
 
 namespace {
-FunctionCall qkv_projection_call() {
+FunctionCall qkv_projection_call(Precision precision) {
     FunctionCall f;
     f.work = [](const CallShape &c) {
         const Extents e(c);
@@ -115,20 +158,22 @@ FunctionCall qkv_projection_call() {
     f.outputs = [](const CallShape &c, const CallInputs &) {
         return std::vector<CallOutput>{{"q", q_shape(c)}, {"k", kv_shape(c)}, {"v", kv_shape(c)}};
     };
-    f.prepare = [](const VariantInfo &variant, const CallShape &c, const CallInputs &in,
-                   const std::vector<MutableTensor> &out) -> std::function<void()> {
+    f.prepare = [precision](const VariantInfo &variant, const CallShape &c, const CallInputs &in,
+                            const std::vector<MutableTensor> &out) -> std::function<void()> {
         const ConstTensor kv = in.kv.empty() ? in.x : in.kv;
-        return [&variant, config = c.config, in, kv, out] {
+        return [&variant, config = call_config(c, precision), in, kv, out] {
             qkv_projection(variant, config, in.x, kv, in.weights, out[0], out[1], out[2]);
             synchronize(variant);
         };
     };
-    f.reference = [](const CallShape &c, const CallInputs &in) {
+    f.reference = [precision](const CallShape &shape, const CallInputs &in) {
+        const CallShape c = in_precision(shape, precision);
         const ConstTensor kv = in.kv.empty() ? in.x : in.kv;
-        const LayerWeights &w = in.weights;
-        const int64_t rows_q = c.batch * c.s_q, rows_k = c.batch * c.s_k;
-        const std::vector<double> xd = widen<double>(in.x), kvd = widen<double>(kv);
-        const std::vector<float> xf = widen<float>(in.x), kvf = widen<float>(kv);
+        std::vector<std::vector<float>> rounded;
+        const LayerWeights w = reference::gemm_weights(c.config, in.weights, rounded);
+        const int64_t rows_q = c.batch * c.s_q, rows_k = c.batch * c.s_k, H = c.config.hidden_size;
+        const std::vector<double> xd = operand<double>(c, in.x, H), kvd = operand<double>(c, kv, H);
+        const std::vector<float> xf = operand<float>(c, in.x, H), kvf = operand<float>(c, kv, H);
         CallReference r;
         r.exact = {reference::linear(xd, rows_q, w.w_q, w.b_q), reference::linear(kvd, rows_k, w.w_k, w.b_k),
                    reference::linear(kvd, rows_k, w.w_v, w.b_v)};
@@ -151,15 +196,15 @@ void attention_scores(const VariantInfo &variant, const Config &config, ConstTen
         pipeline::bias_input(bias, qs[0], heads, qs[1], s_k, detail::device_interface(variant.device));
     auto q_buffer = halide_view(q), k_buffer = halide_view(k);
     auto s_buffer = halide_view(scores);
-    pipeline::Call call("attention_scores", variant, pipeline::extents(qs[0], qs[1], s_k, heads, hidden));
+    pipeline::Call call(stage_function(variant, config, "attention_scores"), variant, pipeline::extents(qs[0], qs[1], s_k, heads, hidden));
     call.input("q", q_buffer, q.memory).input("k", k_buffer, k.memory).input("bias", b);
     call.scalar("heads", int32_t(heads)).output("scores", s_buffer, scores.memory).run();
 }
 
 namespace {
-FunctionCall attention_scores_call() {
+FunctionCall attention_scores_call(Precision precision) {
     return one_output_stage(
-        "scores", score_shape,
+        precision, "scores", score_shape,
         [](const CallShape &c) {
             const Extents e(c);
             return CallWork{e.attend(), e.f * (e.B * e.Sq * e.H + e.B * e.Sk * e.H + e.scores())};
@@ -169,7 +214,9 @@ FunctionCall attention_scores_call() {
         },
         [](const CallShape &c, const CallInputs &in, auto t) {
             using T = decltype(t);
-            return reference::attention_scores(c.config, sizes(c), widen<T>(in.q), widen<T>(in.k), in.bias);
+            const int64_t H = c.config.hidden_size;
+            return reference::attention_scores(c.config, sizes(c), operand<T>(c, in.q, H), operand<T>(c, in.k, H),
+                                               in.bias);
         });
 }
 }  // namespace
@@ -195,7 +242,7 @@ void masked_softmax(const VariantInfo &variant, const Config &config, ConstTenso
 namespace {
 FunctionCall masked_softmax_call() {
     return one_output_stage(
-        "probs", score_shape,
+        Precision::fp32, "probs", score_shape,
         [](const CallShape &c) {
             const Extents e(c);
             return CallWork{5 * e.scores(), e.f * 2 * e.scores()};
@@ -222,15 +269,15 @@ void weighted_sum(const VariantInfo &variant, const Config &config, ConstTensor 
     check_tensor("ctx", ctx, {p[0], p[2], hidden}, "[B, S_q, H]");
     auto p_buffer = halide_view(probs), v_buffer = halide_view(v);
     auto ctx_buffer = pipeline::head_view(ctx, heads);
-    pipeline::Call call("weighted_sum", variant, pipeline::extents(p[0], p[2], p[3], heads, hidden));
+    pipeline::Call call(stage_function(variant, config, "weighted_sum"), variant, pipeline::extents(p[0], p[2], p[3], heads, hidden));
     call.input("probs", p_buffer, probs.memory).input("v", v_buffer, v.memory);
     call.output("ctx", ctx_buffer, ctx.memory).run();
 }
 
 namespace {
-FunctionCall weighted_sum_call() {
+FunctionCall weighted_sum_call(Precision precision) {
     return one_output_stage(
-        "ctx", q_shape,
+        precision, "ctx", q_shape,
         [](const CallShape &c) {
             const Extents e(c);
             return CallWork{e.attend(), e.f * (e.scores() + e.B * e.Sk * e.H + e.B * e.Sq * e.H)};
@@ -240,7 +287,8 @@ FunctionCall weighted_sum_call() {
         },
         [](const CallShape &c, const CallInputs &in, auto t) {
             using T = decltype(t);
-            return reference::weighted_sum(c.config, sizes(c), widen<T>(in.probs), widen<T>(in.v));
+            return reference::weighted_sum(c.config, sizes(c), operand<T>(c, in.probs, c.s_k),
+                                           operand<T>(c, in.v, c.config.hidden_size));
         });
 }
 }  // namespace
@@ -262,16 +310,16 @@ void attention_core(const VariantInfo &variant, const Config &config, ConstTenso
     pipeline::BiasInput b = pipeline::bias_input(bias, qs[0], heads, qs[1], s_k, gpu);
     auto q_buffer = halide_view(q), k_buffer = halide_view(k), v_buffer = halide_view(v);
     auto ctx_buffer = pipeline::head_view(ctx, heads);
-    pipeline::Call call("attention_core", variant, pipeline::extents(qs[0], qs[1], s_k, heads, hidden));
+    pipeline::Call call(stage_function(variant, config, "attention_core"), variant, pipeline::extents(qs[0], qs[1], s_k, heads, hidden));
     call.input("q", q_buffer, q.memory).input("k", k_buffer, k.memory).input("v", v_buffer, v.memory);
     call.input("bias", b).input("key_padding_mask", mask);
     call.scalar("causal", config.causal).scalar("heads", int32_t(heads)).output("ctx", ctx_buffer, ctx.memory).run();
 }
 
 namespace {
-FunctionCall attention_core_call() {
+FunctionCall attention_core_call(Precision precision) {
     return one_output_stage(
-        "ctx", q_shape,
+        precision, "ctx", q_shape,
         [](const CallShape &c) {
             const Extents e(c);
             return CallWork{2 * e.attend(), e.f * (2 * e.B * e.Sq * e.H + 2 * e.B * e.Sk * e.H)};
@@ -283,6 +331,9 @@ FunctionCall attention_core_call() {
             using T = decltype(t);
             return reference::attention_core(c.config, sizes(c), widen<T>(in.q), widen<T>(in.k), widen<T>(in.v),
                                              in.key_padding_mask, in.bias);
+        },
+        [](const CallShape &c, const CallInputs &in) {
+            return reference::core_allowance(c.config, sizes(c), in.q, in.k, in.v, in.key_padding_mask, in.bias);
         });
 }
 }  // namespace
@@ -301,15 +352,15 @@ void output_layernorm(const VariantInfo &variant, const Config &config, ConstTen
     auto ctx_buffer = halide_view(ctx), x_buffer = halide_view(x);
     auto y_buffer = halide_view(y);
     pipeline::WeightBuffers w(weights, false, true);
-    pipeline::Call call("output_layernorm", variant, pipeline::extents(xs[0], xs[1], xs[1], config.num_heads, hidden));
+    pipeline::Call call(stage_function(variant, config, "output_layernorm"), variant, pipeline::extents(xs[0], xs[1], xs[1], config.num_heads, hidden));
     call.input("ctx", ctx_buffer, ctx.memory).input("x", x_buffer, x.memory).weights(w, false);
     call.scalar("eps", config.layer_norm_eps).output("y", y_buffer, y.memory).run();
 }
 
 namespace {
-FunctionCall output_layernorm_call() {
+FunctionCall output_layernorm_call(Precision precision) {
     return one_output_stage(
-        "y", q_shape,
+        precision, "y", q_shape,
         [](const CallShape &c) {
             const Extents e(c);
             return CallWork{2 * e.B * e.Sq * e.H * e.H, e.f * (3 * e.B * e.Sq * e.H + e.H * e.H)};
@@ -319,7 +370,9 @@ FunctionCall output_layernorm_call() {
         },
         [](const CallShape &c, const CallInputs &in, auto t) {
             using T = decltype(t);
-            return reference::output_layernorm(c.config, sizes(c), widen<T>(in.ctx), widen<T>(in.x), in.weights);
+            std::vector<std::vector<float>> rounded;
+            return reference::output_layernorm(c.config, sizes(c), operand<T>(c, in.ctx, c.config.hidden_size),
+                                               widen<T>(in.x), reference::gemm_weights(c.config, in.weights, rounded));
         });
 }
 }  // namespace
@@ -331,12 +384,17 @@ namespace attn::detail {
 const FunctionCall &function_call(const std::string &function) {
     // Every manifest function: the stages' entries above, the fused layer's in attention.cpp and packed.cpp.
     static const std::map<std::string, FunctionCall> table{
-        {"qkv_projection", stages::qkv_projection_call()},
-        {"attention_scores", stages::attention_scores_call()},
+        {"qkv_projection", stages::qkv_projection_call(Precision::fp32)},
+        {"qkv_projection_bf16", stages::qkv_projection_call(Precision::bf16)},
+        {"attention_scores", stages::attention_scores_call(Precision::fp32)},
+        {"attention_scores_bf16", stages::attention_scores_call(Precision::bf16)},
         {"masked_softmax", stages::masked_softmax_call()},
-        {"weighted_sum", stages::weighted_sum_call()},
-        {"attention_core", stages::attention_core_call()},
-        {"output_layernorm", stages::output_layernorm_call()},
+        {"weighted_sum", stages::weighted_sum_call(Precision::fp32)},
+        {"weighted_sum_bf16", stages::weighted_sum_call(Precision::bf16)},
+        {"attention_core", stages::attention_core_call(Precision::fp32)},
+        {"attention_core_bf16", stages::attention_core_call(Precision::bf16)},
+        {"output_layernorm", stages::output_layernorm_call(Precision::fp32)},
+        {"output_layernorm_bf16", stages::output_layernorm_call(Precision::bf16)},
         {"attention_layer", layer_call(false)},
         {"attention_layer_bf16", layer_call(false, Precision::bf16)},
         {"attention_layer_int8", layer_call(false, Precision::int8)},

@@ -43,8 +43,8 @@ void check_probs_precision(const Config &config) {
 void check_config(const Config &c, bool layer) {
     if (c.precision != Precision::fp32 && c.precision != Precision::bf16 && c.precision != Precision::int8)
         throw Error("precision", "expected " + precision_names() + ", got " + std::to_string(int(c.precision)));
-    if (c.precision != Precision::fp32 && !layer)
-        throw Error("precision", "the stages run in fp32 only; a bf16 or int8 layer is an attn::Attention");
+    if (c.precision == Precision::int8 && !layer)
+        throw Error("precision", "the stages run in fp32 or bf16; int8 is a precision of the whole layer (attn::Attention)");
     // int8: |Σ q·w − zero·Σ w| <= 2 · 255 · 127 · H must fit the i32 sums.
     constexpr int64_t kLargestInt8Hidden = (int64_t(1) << 31) / (2 * 255 * 127) - 4;
     if (c.precision == Precision::int8 && c.hidden_size > kLargestInt8Hidden)

@@ -49,7 +49,7 @@ bool overlaps(const TensorView<T> &a, const TensorView<U> &b) {
     return a0 < b1 && b0 < a1;
 }
 
-// `layer`: the config of an Attention, which may ask for bf16 or int8 (the stages may not).
+// `layer`: the config of an Attention, which may ask for bf16 or int8 (the stages fp32 or bf16).
 void check_config(const Config &config, bool layer = false);
 // A layer asked for its probabilities: refused in bf16 and int8, which have no such output.
 void check_probs_precision(const Config &config);

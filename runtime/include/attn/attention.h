@@ -343,7 +343,15 @@ private:
     std::shared_ptr<detail::ReducedWeights> reduced_weights_;  // bf16, int8: the matrices rounded or quantized
 };
 
-// The stages of the layer, each its own AOT pipeline; shapes as in DESIGN.md.
+// The stages of the layer, each its own AOT pipeline; shapes as in DESIGN.md. In
+// config.precision fp32, or bf16: the products' operands (activations, weights, Q, K, V, the
+// probabilities; in attention_core its exponentials too) rounded to bf16, f32 sums, with
+// vdpbf16ps on a variant whose ISA has avx512bf16 (attn::computes_natively), or, where
+// config.allow_storage_only says so, widened to f32 on one without (the same results within the
+// accuracy rule). The bf16 stages take f32 tensors, weights included, which they round as they
+// read them (an Attention rounds its weights once instead). masked_softmax has no products: it
+// is f32 in every precision. int8 is a precision of the whole layer only (attn::Attention).
+// A variant without the stage in bf16 is refused (attn::Error("variant"), naming those with it).
 namespace stages {
 void qkv_projection(const VariantInfo &variant, const Config &config, ConstTensor x_q, ConstTensor x_kv,
                     const LayerWeights &weights, MutableTensor q, MutableTensor k, MutableTensor v);

@@ -41,8 +41,9 @@ std::vector<T> masked_softmax(const Config &config, Sizes sizes, const std::vect
 template <typename T>
 std::vector<T> weighted_sum(const Config &config, Sizes sizes, const std::vector<T> &probs, const std::vector<T> &v);
 
-// [B, S_q, H]: the three above in sequence, what stages::attention_core computes in one (fp32:
-// a reduced-precision config's core is attention_layer's, which also rounds Q, K and V).
+// [B, S_q, H]: the three above in sequence, what stages::attention_core computes in one; with a
+// bf16 core (config.precision's ReducedPrecision::bf16_core), on Q, K and V rounded to bf16, as
+// the bf16 layer's core takes them.
 template <typename T>
 std::vector<T> attention_core(const Config &config, Sizes sizes, const std::vector<T> &q, const std::vector<T> &k,
                               const std::vector<T> &v, const MaskTensor &key_padding_mask, const ConstTensor &bias);
@@ -51,6 +52,22 @@ std::vector<T> attention_core(const Config &config, Sizes sizes, const std::vect
 template <typename T>
 std::vector<T> output_layernorm(const Config &config, Sizes sizes, const std::vector<T> &ctx, const std::vector<T> &x,
                                 const LayerWeights &weights);
+
+// A GEMM's input in config.precision, rows of `features` values, as an implementation takes it:
+// itself in fp32; each value rounded to bf16 (attn::round_to_bf16) in bf16; each row quantized
+// to u8 (attn::quantize_row_u8, from its f32 values) and dequantized in int8.
+template <typename T>
+std::vector<T> gemm_input(const Config &config, std::vector<T> values, int64_t features);
+// The layer's weights in config.precision: the caller's in fp32, else the four matrices rounded
+// to bf16, or quantized to int8 and dequantized (scale · value, in f32), held in `storage`.
+LayerWeights gemm_weights(const Config &config, const LayerWeights &weights, std::vector<std::vector<float>> &storage);
+
+// bf16 (a bf16 core): how far stages::attention_core's context may move beyond the f32
+// evaluation error, per element of ctx [B, S_q, H], because one of the core's own roundings
+// to bf16 (of Q, K, V or a weight) goes the other way near a midpoint (context_allowance's
+// core share, below); empty for fp32.
+std::vector<double> core_allowance(const Config &config, Sizes sizes, const ConstTensor &q, const ConstTensor &k,
+                                   const ConstTensor &v, const MaskTensor &key_padding_mask, const ConstTensor &bias);
 
 template <typename T>
 struct LayerOutputs {

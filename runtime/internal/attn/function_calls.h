@@ -83,9 +83,9 @@ bool has_function_call(const std::string &function);
 
 // The entries of the fused layer's functions (attention.cpp, packed.cpp).
 CallWork layer_work(const CallShape &c);
-// The config a layer's by-name call runs in `precision`: a variant named for its bf16
-// function runs it as built (storage only on an ISA without avx512bf16).
-inline Config layer_call_config(const CallShape &c, Precision precision) {
+// The config a by-name call runs in `precision` (a layer's, or a stage's): a variant named for
+// its bf16 or int8 function runs it as built (without the instructions on an ISA that lacks them).
+inline Config call_config(const CallShape &c, Precision precision) {
     Config config = c.config;
     config.precision = precision;
     config.allow_storage_only = true;
