@@ -241,7 +241,8 @@ def _core_masks(attn_mask, key_padding_mask, batch, heads, s_q, s_k, reference):
     return keys, bias
 
 
-def _core(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant):
+def _core(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant, precision="fp32",
+          allow_storage_only=False):
     """scaled_dot_product_attention on checked float32 arrays of one framework: the output
     [B, heads, S_q, d], a view of [B, S_q, heads, d] memory."""
     batch, heads, s_q, d = _shape(q)
@@ -259,7 +260,7 @@ def _core(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant):
     variant = _variant_for(variant, q, "q")
     _call({"bias": "attn_mask", "out": "q", "hidden_size": "q", "num_heads": "q"}, _cuda_call, q,
           _attn.attention_core, variant, heads * d, heads, bool(is_causal), q3, k3, v3,
-          out.reshape(batch, s_q, heads * d), keys, bias)
+          out.reshape(batch, s_q, heads * d), keys, bias, precision, bool(allow_storage_only))
     if _is_cuda(q):
         _attn.synchronize(variant)
     out = out.transpose(1, 2) if _is_torch(out) else out.transpose(0, 2, 1, 3)
@@ -289,8 +290,12 @@ def _check_core_inputs(q, k, v):
                          f"got {list(_shape(v))}")
 
 
+# The attention core's precisions (attn::stages::attention_core); int8 is the whole layer's only.
+CORE_PRECISIONS = ("fp32", "bf16")
+
+
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, key_padding_mask=None,
-                                 variant=None):
+                                 variant=None, precision="fp32", allow_storage_only=False):
     """torch.nn.functional.scaled_dot_product_attention (inference), on the attention core.
 
     q [B, heads, S_q, d], k and v [B, heads, S_k, d], float32 NumPy arrays or torch tensors.
@@ -302,7 +307,14 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     Returns [B, heads, S_q, d], a transposed view of [B, S_q, heads, d] memory (as torch's
     eager attention makes it before its transpose(1, 2)). torch tensors go through the
     custom operator attn::scaled_dot_product_attention, so this works in torch.compile.
+    precision="bf16" computes QKᵀ and P·V in bf16 (attention_core_bf16: q, k, v and the softmax's
+    exponentials rounded to bf16, f32 sums, vdpbf16ps where the CPU has avx512bf16; without it,
+    refused unless allow_storage_only, which widens them to f32); the inputs and the output stay
+    float32. With no variant named, the variant is the bf16 layer's (attn::select_variant).
     """
+    if precision not in CORE_PRECISIONS:
+        raise ValueError(f"precision: expected one of {', '.join(map(repr, CORE_PRECISIONS))} (int8 is a "
+                         f"precision of the whole layer, AttentionLayer), got {precision!r}")
     _check_core_inputs(q, k, v)
     _check_no_grad((("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask)))
     if _is_torch(q):
@@ -314,8 +326,9 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
                   else "float32")
         _as_array("key_padding_mask", key_padding_mask, "mask")
         return _torch_ops.scaled_dot_product_attention(q, k, v, attn_mask, key_padding_mask, bool(is_causal),
-                                                       None if scale is None else float(scale), variant or "")
-    return _core(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant)
+                                                       None if scale is None else float(scale), variant or "",
+                                                       precision, bool(allow_storage_only))
+    return _core(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant, precision, allow_storage_only)
 
 
 # --- the fused layer ---------------------------------------------------------------------

@@ -17,18 +17,19 @@ Tensor = torch.Tensor
 
 @torch.library.custom_op("attn::scaled_dot_product_attention", mutates_args=())
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, key_padding_mask: Tensor | None,
-          is_causal: bool, scale: float | None, variant: str) -> Tensor:
-    return _core(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant)
+          is_causal: bool, scale: float | None, variant: str, precision: str, allow_storage_only: bool) -> Tensor:
+    return _core(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant, precision, allow_storage_only)
 
 
 @_sdpa.register_fake
-def _(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant):
+def _(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant, precision, allow_storage_only):
     batch, heads, s_q, d = q.shape
     return q.new_empty((batch, s_q, heads, d)).transpose(1, 2)  # the kernels' layout, as _core returns it
 
 
-def scaled_dot_product_attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant):
-    return _sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant)
+def scaled_dot_product_attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant, precision,
+                                 allow_storage_only):
+    return _sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, scale, variant, precision, allow_storage_only)
 
 
 # The operator takes the weights as tensors (the compiler sees them as inputs) and runs the

@@ -232,9 +232,14 @@ NB_MODULE(_attn, m) {
     m.def(
         "attention_core",
         [](const std::string &variant, int64_t hidden_size, int64_t num_heads, bool causal, const Array &q,
-           const Array &k, const Array &v, OutArray ctx, const MaybeArray &key_padding_mask, const MaybeArray &bias) {
-            const attn::VariantInfo &info = attn::select_variant(variant);
+           const Array &k, const Array &v, OutArray ctx, const MaybeArray &key_padding_mask, const MaybeArray &bias,
+           const std::string &precision, bool allow_storage_only) {
             attn::Config config{hidden_size, num_heads, 1e-12f, causal};
+            config.precision = attn::precision_from_name(precision, "precision");
+            config.allow_storage_only = allow_storage_only;
+            // Named: that one (the stage says what it lacks); else the layer's pick in this precision.
+            const attn::VariantInfo &info =
+                variant.empty() ? attn::select_variant(config) : attn::select_variant(variant);
             attn::ConstTensor tq = floats("q", q), tk = floats("k", k), tv = floats("v", v), tb = floats("bias", bias);
             attn::MaskTensor mk = mask("key_padding_mask", key_padding_mask);
             attn::MutableTensor out = out_floats("out", ctx);
@@ -243,7 +248,9 @@ NB_MODULE(_attn, m) {
         },
         nb::arg("variant"), nb::arg("hidden_size"), nb::arg("num_heads"), nb::arg("causal"), nb::arg("q"), nb::arg("k"),
         nb::arg("v"), nb::arg("out"), nb::arg("key_padding_mask").none(), nb::arg("bias").none(),
-        "The attention core on [B, S, heads·d] arrays (heads interleaved), into `out` [B, S_q, heads·d].");
+        nb::arg("precision") = "fp32", nb::arg("allow_storage_only") = false,
+        "The attention core on [B, S, heads·d] arrays (heads interleaved), into `out` [B, S_q, heads·d], "
+        "in `precision` (fp32 or bf16: attn::stages::attention_core).");
     m.def(
         "synchronize",
         [](const std::string &variant) {

@@ -70,12 +70,17 @@ const VariantInfo &reduced_variant(const Config &config, const std::string &name
 
 }  // namespace
 
+const VariantInfo &select_variant(const Config &config, const std::string &name) {
+    check_config(config, true);
+    return config.precision == Precision::fp32 ? select_variant(name) : reduced_variant(config, name);
+}
+
 Attention::Attention(Config config, LayerWeights weights, const std::string &variant)
     : config_(config), weights_(weights), variant_(nullptr) {
     check_config(config_, true);
     check_weights(config_, weights_, true, true);
     if (config_.precision != Precision::fp32) {
-        variant_ = &reduced_variant(config_, variant);
+        variant_ = &select_variant(config_, variant);
         reduced_weights_ = std::make_shared<detail::ReducedWeights>(weights_, *variant_, config_.precision);
         return;
     }

@@ -132,6 +132,45 @@ def test_bad_input_names_the_argument(call, error, message):
     assert message in str(caught.value)
 
 
+def reference_bf16_core(q, k, v):
+    """The bf16 core's rounding (DESIGN.md, "Reduced precision") in double: q, k and v rounded to
+    bf16, each weight exp(s - offset), offset the row max rounded up to a multiple of ln 2,
+    rounded to bf16 before it is summed and weights v."""
+    def bf16(t):
+        return t.float().to(torch.bfloat16).double()
+    q, k, v = bf16(q), bf16(k), bf16(v)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    offset = torch.ceil(scores.amax(-1, keepdim=True) / math.log(2)) * math.log(2)
+    weights = bf16(torch.exp(scores - offset))
+    return (weights @ v) / weights.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("variant", cpu_variants("attention_core_bf16"))
+def test_bf16_core_computes_its_rounding(variant):
+    q, k, v = qkv()
+    out = attn.scaled_dot_product_attention(q, k, v, variant=variant, precision="bf16", allow_storage_only=True)
+    assert out.dtype == torch.float32
+    rounded, exact = reference_bf16_core(q, k, v), reference_attention(q.double(), k.double(), v.double())
+    # A weight whose f32 exponential and the reference's double one lie either side of a bf16
+    # midpoint rounds to the other neighbour: c moves by at most 2^-7 of that weight's share of
+    # |v - c| (the C++ tests bound it per element: reference::core_allowance); all of them
+    # together, by at most 2^-7 · 2 max|v|.
+    assert float((out.double() - rounded).abs().max()) <= 2 ** -7 * 2 * float(v.abs().max()) + 1e-5
+    # And it is the bf16 computation: nearer the reference of its rounding than the fp32 one.
+    assert float((out.double() - rounded).abs().mean()) < float((out.double() - exact).abs().mean())
+
+
+def test_bf16_core_refusals_name_the_argument():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="precision: expected one of 'fp32', 'bf16'"):
+        attn.scaled_dot_product_attention(q, k, v, precision="int8")
+    without = [name for name in cpu_variants("attention_core") if name not in cpu_variants("attention_core_bf16")]
+    if without:
+        with pytest.raises(attn.Error, match="does not provide attention_core_bf16") as caught:
+            attn.scaled_dot_product_attention(q, k, v, variant=without[0], precision="bf16")
+        assert caught.value.argument == "variant"
+
+
 def test_runtime_errors_carry_the_argument():
     q, k, v = qkv()
     with pytest.raises(attn.Error) as caught:
@@ -172,7 +211,7 @@ def test_thread_count_is_set_and_results_stay():
 def test_custom_operator_passes_torch_opcheck():
     q, k, v = qkv()
     torch.library.opcheck(torch.ops.attn.scaled_dot_product_attention.default,
-                          (q, k, v, None, None, True, None, ""), test_utils=("test_schema", "test_faketensor"))
+                          (q, k, v, None, None, True, None, "", "fp32", False), test_utils=("test_schema", "test_faketensor"))
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

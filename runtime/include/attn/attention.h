@@ -276,6 +276,11 @@ bool computes_bf16(const VariantInfo &variant);
 const VariantInfo &select_variant(const std::string &name = "");
 // The default's name and why it was picked: the measurement it follows, or the rule.
 std::string default_variant_reason();
+// The variant an Attention of `config` runs (its constructor says how): select_variant(name)
+// in fp32; in bf16 or int8 the named one, which must have the precision (and its
+// instructions, unless config.allow_storage_only), or with no name the widest that computes
+// natively. The bf16 stages have the bf16 layer's variants, so it serves them too.
+const VariantInfo &select_variant(const Config &config, const std::string &name = "");
 
 // Host memory: Halide's large intermediates (1 MiB and more) are kept after a call for
 // the next, up to 1 GiB, sparing the page faults of fresh memory on every call. Gives
