@@ -41,18 +41,20 @@ QuantizedRows quantized_to_u8(const std::string &name, Func in, Expr features) {
     const Var &k = dims.hidden, &s = dims.seq, &b = dims.batch;
     QuantizedRows q;
     q.feature = RDom(0, features, name + "_feature");
+    // The row's low, high and sum in one pass over it (a Tuple reduction).
+    q.stats = Func{name + "_stats"};
+    q.stats(s, b) = Tuple(0.0f, 0.0f, 0.0f);
+    Expr x = in(q.feature, s, b);
+    q.stats(s, b) = Tuple(min(q.stats(s, b)[0], x), max(q.stats(s, b)[1], x), q.stats(s, b)[2] + x);
     q.low = Func{name + "_low"};
-    q.low(s, b) = 0.0f;
-    q.low(s, b) = min(q.low(s, b), in(q.feature, s, b));
+    q.low(s, b) = q.stats(s, b)[0];
     q.high = Func{name + "_high"};
-    q.high(s, b) = 0.0f;
-    q.high(s, b) = max(q.high(s, b), in(q.feature, s, b));
+    q.high(s, b) = q.stats(s, b)[1];
     // A row holding NaN or ±Inf has a non-finite sum (min and max may pass NaN over): its
     // step is NaN, so that the projection's whole row is, as in fp32. (is_finite is
     // evaluated strictly, whatever Halide's fast-math.)
     q.sum = Func{name + "_sum"};
-    q.sum(s, b) = 0.0f;
-    q.sum(s, b) += in(q.feature, s, b);
+    q.sum(s, b) = q.stats(s, b)[2];
     Expr range = q.high(s, b) - q.low(s, b), inverse = 255.0f / range;
     Expr invertible = range > 0.0f && is_finite(inverse);
     q.inverse_step = Func{name + "_inverse_step"};

@@ -42,7 +42,8 @@ struct Dims {
 enum class WeightLayout { linear, transposed };
 
 // The operands of the projections' GEMMs (DESIGN.md, "Reduced precision"): fp32; or bf16,
-// where the weights arrive rounded to bf16 (once, by their caller), the activations are
+// where the weights arrive rounded to bf16 (once, by the layer's caller; the bf16 stages
+// round their f32 weights as they read them), the activations are
 // rounded to bf16 (round to nearest even) as they enter, and the products, exact in f32,
 // are summed in f32 a pair of input features at a time: the unit of AVX512_BF16's
 // vdpbf16ps, which Halide emits for a vectorized sum over such a pair. int8: the weights
@@ -63,6 +64,7 @@ Precision core_precision(Precision layer);
 // one holding NaN or ±Inf has step NaN. All in f32, in this order, so that the reference
 // (attn::quantize_row_u8) finds the same values.
 struct QuantizedRows {
+    Halide::Func stats;        // (seq, batch): Tuple(low, high, sum), one reduction over the row
     Halide::Func low, high;    // (seq, batch)
     Halide::Func sum;          // (seq, batch): Σ x, finite unless the row holds NaN or ±Inf
     Halide::Func inverse_step; // (seq, batch): 255 / (high − low), or 1
@@ -134,7 +136,7 @@ Halide::Func values_in_pairs(const std::string &name, Halide::Func v_heads, Hali
 // scores(j, i, h, b) = Q[b,i,h,:]·K[b,j,h,:] / √d + bias(j, i, h, b). In bf16 (precision), Q
 // and K are rounded to bf16 and the products summed in f32 a pair of head features at a time.
 struct Scores {
-    Precision precision;
+    Precision precision = Precision::fp32;
     // (head_dim, head, query, batch): Q's head view; bf16: rounded (queries_bf16)
     Halide::Func query_heads;
     // fp32: (key, head_dim, head, batch), K with keys innermost. bf16: keys_in_pairs.
@@ -163,7 +165,7 @@ MaskedSoftmax masked_softmax(Halide::Func scores, Halide::Func key_padding_mask,
 // ctx(e, h, i, b) = Σ_j probs(j, i, h, b) · V[b, j, h, e]. In bf16 (precision), the
 // probabilities and V are rounded to bf16 and the products summed in f32 a pair of keys at a time.
 struct WeightedSum {
-    Precision precision;
+    Precision precision = Precision::fp32;
     // (key, query, head, batch): what weights the values; bf16: rounded, zero past s_k
     Halide::Func probs;
     // fp32: (head_dim, head, key, batch), V's head view. bf16: values_in_pairs.

@@ -133,16 +133,17 @@ void schedule_rounded(Func rounded, const Target &target) {
 }
 
 // int8 activations (attn_gen::QuantizedRows), quantized once before the GEMMs that read
-// them: the rows' ranges (blocks of rows in parallel, each reduction vectorized across its
-// row, as vectorized_row_reduction), their steps and zero points (which the GEMMs'
-// epilogues read too), then the values.
+// them: the rows' ranges and sums (one Tuple reduction, blocks of rows in parallel, each
+// vectorized across its row, as vectorized_row_reduction), their steps and zero points
+// (which the GEMMs' epilogues read too), then the values.
 void schedule_quantized(attn_gen::QuantizedRows q, const Target &target) {
     const int vw = vector_width(target);
     const Var &s = dims.seq, &b = dims.batch;
     Var so{"so"}, si{"si"};
-    for (Func range : {q.low, q.high, q.sum}) {
+    {
         RVar outer{"outer"}, lane{"lane"};
         Var partial_lane{"partial_lane"};
+        Func range = q.stats;
         range.compute_root();
         Stage update = range.update();
         Func partial = update.split(q.feature.x, outer, lane, vw, kGuard).rfactor(lane, partial_lane);

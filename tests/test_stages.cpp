@@ -27,6 +27,9 @@ std::vector<Problem> stage_problems() {
     Problem bert;  // BERT-base, B = 1, S = 128, padded
     bert.mask = Mask::padding;
     problems.push_back(bert);
+    Problem odd;  // an odd head dimension (d = 5) and hidden size: the bf16 pairs' zero completions
+    odd.batch = 2, odd.s_q = odd.s_k = 9, odd.hidden = 15, odd.heads = 3, odd.mask = Mask::padding;
+    problems.push_back(odd);
     for (auto [s_q, s_k] : {std::pair<int64_t, int64_t>{7, 13}, {13, 7}}) {
         Problem p;
         p.batch = 2, p.s_q = s_q, p.s_k = s_k, p.hidden = 128, p.heads = 2, p.cross = true, p.causal = true;

@@ -359,15 +359,17 @@ double bf16_flip(double c, double eta) {
 // Δr·(v_j − c)/(Σr + Δr), at most P_j·2^-7·(1 + 2^-6)·|v_j − c|; so Δc_e <= Σ_j |ΔP_j|·|v_je − c_e|
 // + Σ_(v_je flipped) P_j·ulp(v_je), plus twice the plain f32 error of the core's sums on the
 // reference's rounded operands.
+// `given`: q, k and v are the caller's f32 values (the core alone), which an implementation
+// rounds exactly as the reference does, so they never round the other way.
 std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const LayerOutputs<double> &exact,
-                                      const LayerOutputs<float> &float32) {
+                                      const LayerOutputs<float> &float32, bool given = false) {
     const int64_t H = config.hidden_size, heads = config.num_heads, d = config.head_dim();
     const double scale = 1 / std::sqrt(double(d));
     std::vector<double> eta(exact.ctx.size(), 0.0);
     // How far each element of q, k, v may round the other way (bf16_flip), else 0.
-    auto flips = [](const std::vector<double> &x, const std::vector<float> &x32) {
+    auto flips = [given](const std::vector<double> &x, const std::vector<float> &x32) {
         std::vector<double> f(x.size(), 0.0);
-        for (std::size_t i = 0; i < x.size(); ++i) {
+        for (std::size_t i = 0; i < x.size() && !given; ++i) {
             const double c = x[i], err = 2 * std::abs(double(x32[i]) - c) + 1e-7 * std::abs(c);
             f[i] = bf16_flip(c, err);
         }
@@ -448,7 +450,7 @@ std::vector<double> core_allowance(const Config &config, Sizes sz, const ConstTe
         out.ctx = weighted_sum(config, sz, out.probs, core_operand(config, out.v));
         return out;
     };
-    return core_rounding_eta(config, sz, core(double()), core(float()));
+    return core_rounding_eta(config, sz, core(double()), core(float()), true);
 }
 
 std::vector<double> context_allowance(const Config &config, const LayerWeights &given, const AttentionInputs &inputs,

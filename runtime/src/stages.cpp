@@ -39,7 +39,8 @@ std::string stage_function(const VariantInfo &variant, const Config &config, con
         std::string with;
         for (const VariantInfo &v : variants())
             if (std::find(v.functions.begin(), v.functions.end(), function) != v.functions.end())
-                with += (with.empty() ? "" : ", ") + v.name;
+                with += (with.empty() ? "" : ", ") + v.name +
+                        (computes_natively(v, p.precision) ? "" : " (without " + std::string(p.cpu_feature) + ")");
         throw Error("variant", "'" + variant.name + "' has no " + p.name + " " + stage + " (precision " + p.name +
                                    "): it does not provide " + function + "; the variants that do: " +
                                    (with.empty() ? "none in this build" : with));

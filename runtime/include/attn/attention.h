@@ -88,8 +88,9 @@ TensorView<T> device_view(uint64_t device_pointer, std::size_t size, Shape shape
 //         products summed in f32: with AVX512_BF16's vdpbf16ps (variants of an ISA with
 //         avx512bf16), or, where the CPU lacks it and Config::allow_storage_only says so,
 //         widened to f32 (bf16 storage, f32 arithmetic: the same rounding, within the accuracy rule, not the speed).
-//         Attention::forward only, without the probabilities; attn::bf16_variants() lists
-//         the variants that have it.
+//         Attention::forward and forward_packed, without the probabilities, and the stages
+//         (attn::stages, which round their f32 weights on every call); attn::bf16_variants()
+//         lists the variants that have it.
 //   int8: each weight matrix quantized once, when the Attention is made, to int8 with one
 //         scale per output feature (attn::quantize_int8: a quarter of the memory); the
 //         activations quantized to u8 per token row as they enter each projection
