@@ -311,10 +311,19 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     exponentials rounded to bf16, f32 sums, vdpbf16ps where the CPU has avx512bf16; without it,
     refused unless allow_storage_only, which widens them to f32); the inputs and the output stay
     float32. With no variant named, the variant is the bf16 layer's (attn::select_variant).
+    torch.bfloat16 q, k and v (a model in bf16) are taken too, in either precision: widened to
+    float32 (exact), and the output rounded back to bfloat16.
     """
     if precision not in CORE_PRECISIONS:
         raise ValueError(f"precision: expected one of {', '.join(map(repr, CORE_PRECISIONS))} (int8 is a "
                          f"precision of the whole layer, AttentionLayer), got {precision!r}")
+    bfloat16 = _is_torch(q) and q.dtype == _torch().bfloat16
+    if bfloat16:
+        q, k, v = _widened("q", q), _widened("k", k), _widened("v", v)
+        out = scaled_dot_product_attention(q, k, v, attn_mask, is_causal, scale, key_padding_mask=key_padding_mask,
+                                           variant=variant, precision=precision,
+                                           allow_storage_only=allow_storage_only)
+        return out.to(_torch().bfloat16)
     _check_core_inputs(q, k, v)
     _check_no_grad((("q", q), ("k", k), ("v", v), ("attn_mask", attn_mask)))
     if _is_torch(q):

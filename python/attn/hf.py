@@ -29,7 +29,7 @@ import warnings
 
 import torch
 
-from . import AttentionLayer, scaled_dot_product_attention
+from . import CORE_PRECISIONS, AttentionLayer, scaled_dot_product_attention
 
 _LAYER = "_attn_layer"
 _PREVIOUS = "_attn_previous_forward"  # an instance's own forward attribute before patch() (a hook's)
@@ -189,9 +189,10 @@ def patched(model):
     return [getattr(m, _LAYER) for m in model.modules() if hasattr(m, _LAYER)]
 
 
-def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, *, precision="fp32",
+                      allow_storage_only=False, **kwargs):
     """transformers' AttentionInterface: query, key, value [B, heads, S, d]; returns the output
-    [B, S, heads, d] and no probabilities."""
+    [B, S, heads, d] and no probabilities. precision: scaled_dot_product_attention's."""
     if dropout:
         raise ValueError(f"dropout: attn computes inference only, got {dropout} (put the model in eval mode)")
     if key.shape[1] != query.shape[1]:  # grouped-query attention: each key/value head serves a group
@@ -203,16 +204,24 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     is_causal = kwargs.get("is_causal")
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     is_causal = bool(is_causal) and mask is None and query.shape[2] > 1
-    out = scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling)
+    out = scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=is_causal, scale=scaling,
+                                       precision=precision, allow_storage_only=allow_storage_only)
     return out.transpose(1, 2), None
 
 
-def register(name="attn"):
+def register(name="attn", precision="fp32", allow_storage_only=False):
     """Registers the attention core with transformers as attn_implementation=`name`, with the
     boolean masks of its SDPA path: then from_pretrained(..., attn_implementation="attn") or
-    model.set_attn_implementation("attn") uses it."""
+    model.set_attn_implementation("attn") uses it. precision="bf16": the core in bf16
+    (scaled_dot_product_attention's precision); a model in torch.bfloat16 works in either."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    AttentionInterface.register(name, attention_forward)
+    if precision not in CORE_PRECISIONS:
+        raise ValueError(f"precision: expected one of {', '.join(map(repr, CORE_PRECISIONS))}, got {precision!r}")
+
+    def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        return attention_forward(module, query, key, value, attention_mask, scaling, dropout, precision=precision,
+                                 allow_storage_only=allow_storage_only, **kwargs)
+    AttentionInterface.register(name, forward)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name

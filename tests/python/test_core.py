@@ -160,6 +160,17 @@ def test_bf16_core_computes_its_rounding(variant):
     assert float((out.double() - rounded).abs().mean()) < float((out.double() - exact).abs().mean())
 
 
+def test_bfloat16_tensors_in_either_precision():
+    q, k, v = (t.bfloat16() for t in qkv())
+    for precision in ("fp32",) + (("bf16",) if cpu_variants("attention_core_bf16") else ()):
+        out = attn.scaled_dot_product_attention(q, k, v, is_causal=True, precision=precision, allow_storage_only=True)
+        assert out.dtype == torch.bfloat16 and out.shape == q.shape
+        # The same as on the widened inputs (exact), rounded back to bfloat16.
+        widened = attn.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
+                                                    precision=precision, allow_storage_only=True)
+        assert torch.equal(out, widened.bfloat16()), precision
+
+
 def test_bf16_core_refusals_name_the_argument():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="precision: expected one of 'fp32', 'bf16'"):

