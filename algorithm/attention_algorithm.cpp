@@ -93,8 +93,10 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
         Var quad{"quad"}, in_quad{"in_quad"};
         Expr in_feature = 4 * in_quad + quad;
         l.weight_transposed(quad, out, in_quad) =
-            select(in_feature < features, weight_at(weight, layout, out, last(in_feature, features), features),
-                   cast<int8_t>(0));
+            layout == WeightLayout::grouped
+                ? weight(4 * last(out, features) + quad, in_quad)
+                : select(in_feature < features, weight_at(weight, layout, out, last(in_feature, features), features),
+                         cast<int8_t>(0));
         l.k = RDom({{0, 4}, {0, (features + 3) / 4}}, name + "_k");
         // Not clamped (QuantizedRows::values is defined past the row), so that a quad is one
         // 4-byte load, broadcast to every lane.
@@ -112,8 +114,10 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
         Var pair{"pair"}, in_pair{"in_pair"};
         Expr in_feature = 2 * in_pair + pair;
         l.weight_transposed(pair, out, in_pair) =
-            select(in_feature < features, weight_at(weight, layout, out, last(in_feature, features), features),
-                   cast(BFloat(16), 0.0f));
+            layout == WeightLayout::grouped
+                ? weight(2 * last(out, features) + pair, in_pair)
+                : select(in_feature < features, weight_at(weight, layout, out, last(in_feature, features), features),
+                         cast(BFloat(16), 0.0f));
         l.k = RDom({{0, 2}, {0, (features + 1) / 2}}, name + "_k");
         // Not clamped (as int8's quads): a pair is one 4-byte load, broadcast to every lane.
         l.product(out, s, b) += cast<float>(in(2 * l.k.y + l.k.x, last(s, tokens), b)) *

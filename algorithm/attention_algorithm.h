@@ -38,8 +38,12 @@ struct Dims {
 // How a weight arrives: as nn.Linear's [out, in], (in, out) in Halide's order; or prepared
 // once by its caller as the transpose, [in, out] = (out, in), the layout a GPU's kernels
 // read, so that no call transposes it again (the runtime's Attention prepares it for a
-// GPU variant's fused layer: runtime/src/pipeline_call.cpp, DeviceWeights).
-enum class WeightLayout { linear, transposed };
+// GPU variant's fused layer: runtime/src/pipeline_call.cpp, DeviceWeights); or, for a
+// reduced precision's products (bf16 pairs, int8 quads of input features), prepared once in
+// those groups as the products read them, (group·out + lane, in_group) = W[out, group·in_group
+// + lane], zero past the input features (the runtime's Attention: ReducedWeights), so that a
+// call reads each group as one load, in place.
+enum class WeightLayout { linear, transposed, grouped };
 
 // The operands of the projections' GEMMs (DESIGN.md, "Reduced precision"): fp32; or bf16,
 // where the weights arrive rounded to bf16 (once, by the layer's caller; the bf16 stages

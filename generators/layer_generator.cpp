@@ -22,9 +22,10 @@ public:
     // Dense: (hidden, seq_q, batch) = [B, S_q, H]. Packed: the token rows as a batch of one,
     // (hidden, token, 1) = [1, T, H].
     Input<Buffer<float, 3>> x{"x"};
-    // (in, out) = [H_out, H_in], nn.Linear's; on a GPU and in bf16 and int8, prepared once as their
-    // transposes, (out, in) = [H_in, H_out] (layer_weights below). float, bfloat16 in bf16,
-    // int8 in int8 (configure).
+    // (in, out) = [H_out, H_in], nn.Linear's; on a GPU prepared once as their transposes, (out,
+    // in) = [H_in, H_out]; in bf16 and int8 prepared once in pairs or quads of input features,
+    // (group·out + lane, in_group) (layer_weights below). float, bfloat16 in bf16, int8 in int8
+    // (configure).
     Input<Buffer<void, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"}, w_o{"w_o"};
     Input<Buffer<float, 1>> b_q{"b_q"}, b_k{"b_k"}, b_v{"b_v"}, b_o{"b_o"};  // [H]
     Input<Buffer<float, 1>> gamma{"gamma"}, beta{"beta"};                    // [H]
@@ -100,7 +101,9 @@ public:
             {0, kEstimateHidden}, {0, kEstimateSeq * (packed ? batch : 1)}, {0, packed ? 1 : batch}};
         const Region score{{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, batch}};
         x.set_estimates(activation);
-        for (auto *w : {&w_q, &w_k, &w_v, &w_o}) w->set_estimates({{0, kEstimateHidden}, {0, kEstimateHidden}});
+        const int group = precision == Precision::bf16 ? 2 : precision == Precision::int8 ? 4 : 1;
+        for (auto *w : {&w_q, &w_k, &w_v, &w_o})
+            w->set_estimates({{0, kEstimateHidden * group}, {0, kEstimateHidden / group}});
         if (weight_scales) weight_scales->set_estimates({{0, kEstimateHidden}, {0, 2}, {0, 4}});
         for (auto *p : {&b_q, &b_k, &b_v, &b_o, &gamma, &beta}) p->set_estimates({{0, kEstimateHidden}});
         bias.set_estimates(score);
@@ -120,14 +123,14 @@ public:
 
     // A GPU's fused layer reads its weights transposed, as its kernels read them, prepared
     // once by the runtime's Attention (DeviceWeights, runtime/src/pipeline_call.cpp), so no
-    // call launches transposes; so does bf16, whose weights the Attention rounds once anyway
-    // (ReducedWeights), and whose panels would otherwise gather 16-bit values one at a time;
-    // and so does int8, whose weights it quantizes once (ReducedWeights too).
-    // The stages, called with their weights each time, and every fp32 CPU layer, whose
-    // panels transpose their slice in cache with f32 vectors, take nn.Linear's layout.
+    // call launches transposes. bf16 and int8, whose weights the Attention rounds or quantizes
+    // once anyway (ReducedWeights), take them in the groups their products read, so no call
+    // regroups them. The stages, called with their weights each time, and every fp32 CPU
+    // layer, whose panels transpose their slice in cache with f32 vectors, take nn.Linear's.
     static WeightLayout layer_weights(const Target &target, Precision precision) {
-        return target.has_gpu_feature() || precision != Precision::fp32 ? WeightLayout::transposed
-                                                                        : WeightLayout::linear;
+        return target.has_gpu_feature()         ? WeightLayout::transposed
+               : precision != Precision::fp32 ? WeightLayout::grouped
+                                              : WeightLayout::linear;
     }
 
     void schedule_manual_cpu() {

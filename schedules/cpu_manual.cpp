@@ -88,9 +88,12 @@ void vectorized_row_reduction(Func reduction, RVar along, LoopLevel at, const Ta
 // as the tile reads it: with native bf16, pair innermost, so that one load is vw outputs'
 // pairs; otherwise outputs innermost, one vector per feature. An int8 panel, (quad, out,
 // in_quad), has its quad innermost: one load is vw outputs' quads.
+// A weight prepared in its groups (attn_gen::WeightLayout::grouped) is already stored as a
+// native panel is: the tiles read it in place, with no panel.
 void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const std::vector<RVar> &reduction,
                          VarOrRVar rows, LoopLevel at, const CpuTiling &t, const Target &target,
-                         attn_gen::Precision precision = attn_gen::Precision::fp32) {
+                         attn_gen::Precision precision = attn_gen::Precision::fp32,
+                         attn_gen::WeightLayout layout = attn_gen::WeightLayout::linear) {
     const int vw = vector_width(target), panel = vw * t.tile_vectors;
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
@@ -102,6 +105,11 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
         .reorder(oi, si, so, b, oo)
         .vectorize(oi, vw, kGuard)
         .parallel(oo);
+    const bool panel_layout = precision == attn_gen::Precision::int8 || native_bf16(target);
+    if (layout == attn_gen::WeightLayout::grouped && panel_layout) {
+        register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
+        return;
+    }
     weight_transposed.compute_at(out, oo).bound_extent(o, panel);
     if (precision == attn_gen::Precision::fp32) {
         weight_transposed.split(in_feature, ko, ki, vw, kGuard).reorder(o, ki, ko).vectorize(o, vw).unroll(ki);
@@ -118,7 +126,8 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
 
 void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, const Target &target) {
     const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
-    schedule_panel_gemm(l.out, l.weight_transposed, l.product, rvars(l.k), rows, at, t, target, l.precision);
+    schedule_panel_gemm(l.out, l.weight_transposed, l.product, rvars(l.k), rows, at, t, target, l.precision,
+                        l.weight_layout);
 }
 
 // bf16 activations (attn_gen::rounded_to_bf16), rounded once, before the GEMMs that read
@@ -247,7 +256,7 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
         schedule_rounded(n.context_rounded, target);
         if (n.context_quantized.values.defined()) schedule_quantized(n.context_quantized, target);
         schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, rvars(n.rounded.k), s,
-                            LoopLevel::root(), t, target, n.rounded.precision);
+                            LoopLevel::root(), t, target, n.rounded.precision, n.weight_layout);
     } else {
         schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, rvars(n.in_feature), s,
                             LoopLevel::root(), t, target);

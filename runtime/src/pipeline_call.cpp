@@ -274,12 +274,16 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
         m.name = a.name;
         const int64_t out = t.shape[0], in = t.shape[1];
         hidden = out;
+        // In the groups of input features the products read (attn_gen::WeightLayout::grouped):
+        // element (group·o + lane, i_group) = W[o, group·i_group + lane], zero past `in`.
+        const int64_t group = int8 ? 4 : 2, in_groups = (in + group - 1) / group, row = group * out;
         const std::size_t size = int8 ? 1 : 2;
-        m.bytes.resize(std::size_t(out * in) * size);
+        m.bytes.assign(std::size_t(row * in_groups) * size, 0);
+        auto at = [&](int64_t o, int64_t i) { return std::size_t((i / group) * row + group * o + i % group); };
         if (int8) {
             const Int8Weight q = quantize_int8(t, a.name);
             for (int64_t o = 0; o < out; ++o)
-                for (int64_t i = 0; i < in; ++i) m.bytes[std::size_t(i * out + o)] = uint8_t(q.values[std::size_t(o * in + i)]);
+                for (int64_t i = 0; i < in; ++i) m.bytes[at(o, i)] = uint8_t(q.values[std::size_t(o * in + i)]);
             // weight_scales (out, quantity, projection): this matrix's is projection matrices.size() - 1.
             scales.resize(std::size_t(out) * 2 * matrices.size());
             float *own = scales.data() + std::size_t(out) * 2 * (matrices.size() - 1);
@@ -287,10 +291,9 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
         } else {
             auto *bits = reinterpret_cast<uint16_t *>(m.bytes.data());
             for (int64_t o = 0; o < out; ++o)
-                for (int64_t i = 0; i < in; ++i) bits[std::size_t(i * out + o)] = bf16_bits(t.data[o * in + i]);
+                for (int64_t i = 0; i < in; ++i) bits[at(o, i)] = bf16_bits(t.data[o * in + i]);
         }
-        // [H_in, H_out]: (out, in) in Halide's order.
-        halide_dimension_t dims[2] = {{0, int32_t(out), 1}, {0, int32_t(in), int32_t(out)}};
+        halide_dimension_t dims[2] = {{0, int32_t(row), 1}, {0, int32_t(in_groups), int32_t(row)}};
         const halide_type_t type = int8 ? halide_type_t(halide_type_int, 8) : halide_type_t(halide_type_bfloat, 16);
         m.buffer = Halide::Runtime::Buffer<void>(type, m.bytes.data(), 2, dims);
     }
