@@ -29,7 +29,6 @@ void define_weight_transposed(Func weight_t, Func weight, WeightLayout layout, E
 }
 }  // namespace
 
-Precision core_precision(Precision layer) { return layer == Precision::fp32 ? Precision::fp32 : Precision::bf16; }
 
 Func rounded_to_bf16(const std::string &name, Func in, Expr features) {
     Func rounded{name};
@@ -556,7 +555,7 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         l.flash = flash_attention(q_heads, k_heads, v_heads, key_padding_mask, l.key_end, in.bias, in.bias_keys,
                                   in.causal, head_dim,
                                   in.s_q, in.s_k, in.blocking, packed ? l.packed.length : Func(),
-                                  core_precision(in.precision));
+                                  in.core_precision);
         ctx = l.flash.ctx;
     }
     if (packed) {

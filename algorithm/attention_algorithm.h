@@ -55,11 +55,9 @@ enum class WeightLayout { linear, transposed, grouped };
 // each output's sum of quantized weights), the activations are quantized per token row as
 // they enter (u8, asymmetric: QuantizedRows), and the products are summed in i32 four input
 // features at a time: the unit of AVX512_VNNI's vpdpbusd (u8 × i8). The softmax, the residual
-// and LayerNorm stay f32; the attention core's products are in core_precision.
+// and LayerNorm stay f32; the attention core's products are in the layer's core precision
+// (LayerInputs::core_precision: manifest.json's core_precision, bf16 in the bf16 and int8 layers).
 enum class Precision { fp32, bf16, int8 };
-// The flash core's precision in a layer of `layer` precision: bf16 in bf16 and int8
-// (FlashAttention); the runtime's attn::ReducedPrecision::bf16_core says the same.
-Precision core_precision(Precision layer);
 
 // Rows of activations quantized to u8 per token row (DESIGN.md, "Reduced precision"): the
 // row's range [low, high] = [min(0, min x), max(0, max x)] in 255 steps of `step`, zero at
@@ -320,6 +318,7 @@ struct LayerInputs {
     Halide::Func w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
     WeightLayout weight_layout = WeightLayout::linear;  // of w_q, w_k, w_v and w_o
     Precision precision = Precision::fp32;              // of the projections; bf16: the four weights are bf16
+    Precision core_precision = Precision::fp32;         // of the flash core's products: fp32 or bf16
     // int8: the four weights are int8, and weight_scales (out, quantity, projection) holds, for
     // the projections q, k, v, o (0-3), each output's scale (quantity 0) and quantized sum (1).
     Halide::Func weight_scales;

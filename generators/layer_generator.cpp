@@ -18,6 +18,8 @@ public:
     GeneratorParam<bool> output_probs{"output_probs", false};
     // Packed variable-length sequences (DESIGN.md) instead of a padded batch.
     GeneratorParam<bool> packed{"packed", false};
+    // The flash core's products (QKᵀ, P·V): fp32 or bf16 (manifest.json: the bf16 and int8 layers').
+    GeneratorParam<Precision> core_precision{"core_precision", Precision::fp32, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}}};
 
     // Dense: (hidden, seq_q, batch) = [B, S_q, H]. Packed: the token rows as a batch of one,
     // (hidden, token, 1) = [1, T, H].
@@ -71,6 +73,10 @@ public:
         in.b_q = b_q, in.b_k = b_k, in.b_v = b_v, in.b_o = b_o;
         in.gamma = gamma, in.beta = beta;
         in.precision = precision;
+        in.core_precision = core_precision;
+        if (core_precision != Precision::fp32 && (output_probs || get_target().has_gpu_feature()))
+            _halide_user_error << "attention_layer: core_precision=bf16 is the flash core's on a CPU, not "
+                               << (output_probs ? "with output_probs" : "for a GPU") << "\n";
         in.weight_layout = layer_weights(get_target(), precision);
         if (weight_scales) in.weight_scales = *weight_scales;
         in.bias = bias;

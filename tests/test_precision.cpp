@@ -279,7 +279,7 @@ INSTANTIATE_TEST_SUITE_P(Precisions, ReducedPrecisionTest, ::testing::Values(Pre
 // and likewise for the output projection's √Σ_e (c_e·W_o)² term; the rest propagates as in bf16.
 // (A row's largest value may be clamped to 255, one step off instead of half: one element of a
 // row, which the 6 sd absorb.)
-// A bf16 core (ReducedPrecision::bf16_core) also rounds q, k and v (each adds u/√3·|a| to its
+// A bf16 core (ReducedPrecision::bf16_core()) also rounds q, k and v (each adds u/√3·|a| to its
 // sd, in quadrature) and the weights: ΔP_j = P_j·(δ_j − Σ_l P_l·δ_l), so sd ΔP_j gains at most
 // P_j·2u/√3.
 // The bound is 6 sd (a Gaussian tail of 2e-9 per element) plus the accuracy rule's allowance
@@ -325,7 +325,7 @@ std::vector<double> fp32_bound(const Problem &p, const LayerData &d, const refer
         return sd;
     };
     // With a bf16 core, each of q, k and v rounded once more as the core reads it.
-    const bool bf16_core = reduced_precision(precision).bf16_core;
+    const bool bf16_core = reduced_precision(precision).bf16_core();
     auto core_operand_sd = [&](std::vector<double> sd, const std::vector<double> &value) {
         if (bf16_core)
             for (std::size_t i = 0; i < sd.size(); ++i) sd[i] = std::hypot(sd[i], u / std::sqrt(3.0) * value[i]);

@@ -104,7 +104,7 @@ std::vector<T> linear(const std::vector<T> &in, int64_t rows, const ConstTensor 
 namespace {
 const double kLn2 = 0.693147180559945309;
 bool bf16_core(const Config &config) {
-    return config.precision != Precision::fp32 && reduced_precision(config.precision).bf16_core;
+    return config.precision != Precision::fp32 && reduced_precision(config.precision).bf16_core();
 }
 // What a bf16 core's exponentials are taken from: the max rounded up to a multiple of ln 2,
 // or the max itself beyond ±1e30 (attn_gen::flash_attention's block_offset).

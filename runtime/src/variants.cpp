@@ -207,6 +207,12 @@ const ReducedPrecision &reduced_precision(Precision precision) {
                                  (precision == Precision::fp32 ? std::string("fp32") : std::to_string(int(precision))));
 }
 
+bool ReducedPrecision::bf16_core() const {
+    for (const manifest::Function &f : manifest::kFunctions)
+        if (std::string(f.name) == layer) return f.params.contains("core_precision=bf16");
+    return false;
+}
+
 bool computes_natively(const VariantInfo &variant, Precision precision) {
     if (precision == Precision::fp32) return true;
     for (const manifest::Isa &i : manifest::kIsas) {

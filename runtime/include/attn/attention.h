@@ -80,7 +80,7 @@ TensorView<T> device_view(uint64_t device_pointer, std::size_t size, Shape shape
 }
 
 // The precision of the layer's four projections (DESIGN.md, "Reduced precision"); the
-// attention core's products (QKᵀ, P·V) are bf16 in bf16 and int8 (ReducedPrecision::bf16_core),
+// attention core's products (QKᵀ, P·V) are bf16 in bf16 and int8 (ReducedPrecision::bf16_core()),
 // f32 in fp32; softmax, residual and LayerNorm are f32 in all three.
 //   fp32: f32 weights and activations.
 //   bf16: the weights rounded to bf16 once, when the Attention is made (to nearest even;
@@ -250,17 +250,17 @@ bool computes_natively(const VariantInfo &variant, Precision precision);
 // attn::precision_variants() have: over a padded batch, and over packed sequences; and the
 // CPU feature of the ISAs that compute it natively, and what the others do instead; and
 // whether the attention core's products (QKᵀ, P·V) are in bf16 too (DESIGN.md, "Reduced
-// precision"; the generators' attn_gen::core_precision).
+// precision"): manifest.json's core_precision of its layer, the one place that says so.
 struct ReducedPrecision {
     Precision precision;
     const char *name, *layer, *packed_layer, *cpu_feature, *without_feature;
-    bool bf16_core;
+    bool bf16_core() const;
 };
 inline constexpr ReducedPrecision kReducedPrecisions[] = {
     {Precision::bf16, "bf16", "attention_layer_bf16", "attention_layer_packed_bf16", "avx512bf16",
-     "store bf16 and compute in f32", true},
+     "store bf16 and compute in f32"},
     {Precision::int8, "int8", "attention_layer_int8", "attention_layer_packed_int8", "avx512vnni",
-     "sum the int8 products without vpdpbusd", true},
+     "sum the int8 products without vpdpbusd"},
 };
 // Throws attn::Error("precision") for fp32 (or a value out of range).
 const ReducedPrecision &reduced_precision(Precision precision);

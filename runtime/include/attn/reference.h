@@ -30,7 +30,7 @@ std::vector<T> attention_scores(const Config &config, Sizes sizes, const std::ve
                                 const ConstTensor &bias);
 
 // Softmax over keys; excluded keys (padding, causal) get 0; a row with none kept is all 0.
-// With a bf16 core (config.precision's ReducedPrecision::bf16_core), each weight
+// With a bf16 core (config.precision's ReducedPrecision::bf16_core()), each weight
 // exp(score − offset) is rounded to bf16 before the weights are summed, offset being the row
 // max rounded up to a multiple of ln 2, as the flash core does (attn_gen::FlashAttention).
 template <typename T>
@@ -42,7 +42,7 @@ template <typename T>
 std::vector<T> weighted_sum(const Config &config, Sizes sizes, const std::vector<T> &probs, const std::vector<T> &v);
 
 // [B, S_q, H]: the three above in sequence, what stages::attention_core computes in one; with a
-// bf16 core (config.precision's ReducedPrecision::bf16_core), on Q, K and V rounded to bf16, as
+// bf16 core (config.precision's ReducedPrecision::bf16_core()), on Q, K and V rounded to bf16, as
 // the bf16 layer's core takes them.
 template <typename T>
 std::vector<T> attention_core(const Config &config, Sizes sizes, const std::vector<T> &q, const std::vector<T> &k,
@@ -78,7 +78,7 @@ struct LayerOutputs {
 // Q, K and V; the context as it enters the output projection), then in T like fp32; int8
 // likewise from the weights quantized (attn::quantize_int8) and the inputs quantized per
 // row (attn::quantize_row_u8, from their values in f32), each dequantized; the residual is
-// the unrounded x. A bf16 core (ReducedPrecision::bf16_core) also rounds Q, K and V as the
+// the unrounded x. A bf16 core (ReducedPrecision::bf16_core()) also rounds Q, K and V as the
 // core reads them (LayerOutputs holds them unrounded), and its weights (masked_softmax).
 template <typename T>
 LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &weights, const AttentionInputs &inputs);
