@@ -21,6 +21,20 @@ Expr weight_at(Func weight, WeightLayout layout, Expr out, Expr in_feature, Expr
                                               : weight(in_feature, last(out, features));
 }
 
+// weight_t(lane, out, in_group) = W[out, group·in_group + lane] from a weight in `layout`, zero
+// past the input features (a grouped weight has its zeros already): a reduced precision's
+// groups of input features (Linear::weight_transposed).
+void define_weight_in_groups(Func weight_t, Func weight, WeightLayout layout, int group, Expr features, Type type) {
+    const Var &out = dims.hidden;
+    Var lane{group == 2 ? "pair" : "quad"}, in_group{group == 2 ? "in_pair" : "in_quad"};
+    Expr in_feature = group * in_group + lane;
+    weight_t(lane, out, in_group) =
+        layout == WeightLayout::grouped
+            ? weight(group * last(out, features) + lane, in_group)
+            : select(in_feature < features, weight_at(weight, layout, out, last(in_feature, features), features),
+                     cast(type, 0));
+}
+
 // weight_t(out, in) = W[out, in] from a weight in `layout`, `features` outputs.
 void define_weight_transposed(Func weight_t, Func weight, WeightLayout layout, Expr features) {
     const Var &out = dims.hidden;
@@ -89,13 +103,7 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
     } else if (precision == Precision::int8) {
         // Quads of input features; the last quad is completed by zero weights.
         l.product(out, s, b) = 0;
-        Var quad{"quad"}, in_quad{"in_quad"};
-        Expr in_feature = 4 * in_quad + quad;
-        l.weight_transposed(quad, out, in_quad) =
-            layout == WeightLayout::grouped
-                ? weight(4 * last(out, features) + quad, in_quad)
-                : select(in_feature < features, weight_at(weight, layout, out, last(in_feature, features), features),
-                         cast<int8_t>(0));
+        define_weight_in_groups(l.weight_transposed, weight, layout, 4, features, Int(8));
         l.k = RDom({{0, 4}, {0, (features + 3) / 4}}, name + "_k");
         // Not clamped (QuantizedRows::values is defined past the row), so that a quad is one
         // 4-byte load, broadcast to every lane.
@@ -110,13 +118,7 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
     } else {
         l.product(out, s, b) = 0.0f;
         // Pairs of input features; an odd count's last pair is completed by a zero weight.
-        Var pair{"pair"}, in_pair{"in_pair"};
-        Expr in_feature = 2 * in_pair + pair;
-        l.weight_transposed(pair, out, in_pair) =
-            layout == WeightLayout::grouped
-                ? weight(2 * last(out, features) + pair, in_pair)
-                : select(in_feature < features, weight_at(weight, layout, out, last(in_feature, features), features),
-                         cast(BFloat(16), 0.0f));
+        define_weight_in_groups(l.weight_transposed, weight, layout, 2, features, BFloat(16));
         l.k = RDom({{0, 2}, {0, (features + 1) / 2}}, name + "_k");
         // Not clamped (as int8's quads): a pair is one 4-byte load, broadcast to every lane.
         l.product(out, s, b) += cast<float>(in(2 * l.k.y + l.k.x, last(s, tokens), b)) *

@@ -27,13 +27,6 @@ void synchronize(const VariantInfo &variant) {
 
 namespace {
 
-std::string variant_names(const ReducedPrecision &p) {
-    std::string names;
-    for (const VariantInfo *v : precision_variants(p.precision))
-        names += (names.empty() ? "" : ", ") + v->name + (computes_natively(*v, p.precision) ? "" : " (without " + std::string(p.cpu_feature) + ")");
-    return names.empty() ? "none in this build" : names;
-}
-
 // The variant of a bf16 or int8 layer (attn::Attention's constructor says which).
 const VariantInfo &reduced_variant(const Config &config, const std::string &name) {
     const ReducedPrecision &p = reduced_precision(config.precision);
@@ -45,10 +38,8 @@ const VariantInfo &reduced_variant(const Config &config, const std::string &name
         if (std::none_of(with.begin(), with.end(), [&](const VariantInfo *w) { return w->name == name; }))
             throw Error("variant", "'" + name + "' has no " + precision + " layer (precision " + precision +
                                        "): it does not provide " + p.layer + " and does not provide " +
-                                       p.packed_layer + "; the variants that do: " + variant_names(p));
-        if (!computes_natively(v, p.precision) && !config.allow_storage_only)
-            throw Error("precision", precision + " on '" + name + "' would " + p.without_feature + " (its ISA, " +
-                                         v.isa + ", has no " + p.cpu_feature + "); " + allow);
+                                       p.packed_layer + "; the variants that do: " + variants_providing(p.layer, p));
+        check_computes_natively(v, config);
         return v;
     }
     const VariantInfo *native = nullptr, *without = nullptr;
@@ -65,7 +56,7 @@ const VariantInfo &reduced_variant(const Config &config, const std::string &name
     throw Error("precision", precision + " needs the CPU feature " + p.cpu_feature + " to compute in " + precision +
                                  ", and no " + precision + " variant that does can run here" + missing + "; " +
                                  (without ? allow + " (" + without->name + ")"
-                                          : "the variants with " + precision + ": " + variant_names(p)));
+                                          : "the variants with " + precision + ": " + variants_providing(p.layer, p)));
 }
 
 }  // namespace

@@ -35,20 +35,11 @@ std::string stage_function(const VariantInfo &variant, const Config &config, con
     if (config.precision == Precision::fp32) return stage;
     const ReducedPrecision &p = reduced_precision(config.precision);
     const std::string function = stage + "_" + p.name;
-    if (std::find(variant.functions.begin(), variant.functions.end(), function) == variant.functions.end()) {
-        std::string with;
-        for (const VariantInfo &v : variants())
-            if (std::find(v.functions.begin(), v.functions.end(), function) != v.functions.end())
-                with += (with.empty() ? "" : ", ") + v.name +
-                        (computes_natively(v, p.precision) ? "" : " (without " + std::string(p.cpu_feature) + ")");
+    if (std::find(variant.functions.begin(), variant.functions.end(), function) == variant.functions.end())
         throw Error("variant", "'" + variant.name + "' has no " + p.name + " " + stage + " (precision " + p.name +
                                    "): it does not provide " + function + "; the variants that do: " +
-                                   (with.empty() ? "none in this build" : with));
-    }
-    if (!computes_natively(variant, p.precision) && !config.allow_storage_only)
-        throw Error("precision", std::string(p.name) + " on '" + variant.name + "' would " + p.without_feature +
-                                     " (its ISA, " + variant.isa + ", has no " + p.cpu_feature +
-                                     "); set config.allow_storage_only to " + p.without_feature);
+                                   variants_providing(function, p));
+    check_computes_natively(variant, config);
     return function;
 }
 

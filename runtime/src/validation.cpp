@@ -40,6 +40,25 @@ void check_probs_precision(const Config &config) {
                                  " layer (config.precision) has no probabilities output; pass none, or use fp32");
 }
 
+void check_computes_natively(const VariantInfo &variant, const Config &config) {
+    if (config.precision == Precision::fp32 || config.allow_storage_only || computes_natively(variant, config.precision))
+        return;
+    const ReducedPrecision &p = reduced_precision(config.precision);
+    throw Error("precision", std::string(p.name) + " on '" + variant.name + "' would " + p.without_feature +
+                                 " (its ISA, " + variant.isa + ", has no " + p.cpu_feature +
+                                 "); set config.allow_storage_only to " + p.without_feature);
+}
+
+std::string variants_providing(const std::string &function, const ReducedPrecision &p) {
+    std::string names;
+    for (const VariantInfo &v : variants()) {
+        if (std::find(v.functions.begin(), v.functions.end(), function) == v.functions.end()) continue;
+        names += (names.empty() ? "" : ", ") + v.name +
+                 (computes_natively(v, p.precision) ? "" : " (without " + std::string(p.cpu_feature) + ")");
+    }
+    return names.empty() ? "none in this build" : names;
+}
+
 void check_config(const Config &c, bool layer) {
     if (c.precision != Precision::fp32 && c.precision != Precision::bf16 && c.precision != Precision::int8)
         throw Error("precision", "expected " + precision_names() + ", got " + std::to_string(int(c.precision)));

@@ -53,6 +53,12 @@ bool overlaps(const TensorView<T> &a, const TensorView<U> &b) {
 void check_config(const Config &config, bool layer = false);
 // A layer asked for its probabilities: refused in bf16 and int8, which have no such output.
 void check_probs_precision(const Config &config);
+// A reduced precision (config.precision) on `variant`, whose ISA may lack its instructions:
+// refused (attn::Error("precision"), saying how to allow it) unless config.allow_storage_only.
+void check_computes_natively(const VariantInfo &variant, const Config &config);
+// For a refusal: the variants that provide `function` (in precision p), each marked when it
+// lacks p's instructions, or "none in this build".
+std::string variants_providing(const std::string &function, const ReducedPrecision &p);
 
 // The layer's weights, each with its argument name (manifest.json's): the projections'
 // (w_q, w_k, w_v, b_q, b_k, b_v) and the output's (w_o, b_o, gamma, beta).

@@ -99,14 +99,18 @@ def test_unpatch_restores_a_forward_that_was_there():
     assert vars(block)["forward"] is hook
 
 
-def test_registered_attention_implementation():
-    name = attn.hf.register()
+def sdpa_and_registered(name):
+    """A small BERT's hidden states with transformers' SDPA, then with the registered `name`."""
     model = small_bert("sdpa")
     ids, mask = ids_and_mask([13, 7], 13)
     with torch.inference_mode():
         expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
         model.set_attn_implementation(name)
-        actual = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        return expected, model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+def test_registered_attention_implementation():
+    expected, actual = sdpa_and_registered(attn.hf.register())
     assert torch.allclose(actual, expected, atol=2e-5)
 
 
@@ -119,13 +123,7 @@ def test_registered_attention_in_bf16(monkeypatch):
         precisions.append(kwargs.get("precision"))
         return attn.scaled_dot_product_attention(*args, **kwargs)
     monkeypatch.setattr(attn.hf, "scaled_dot_product_attention", spy)
-    name = attn.hf.register("attn_bf16", precision="bf16", allow_storage_only=True)
-    model = small_bert("sdpa")
-    ids, mask = ids_and_mask([13, 7], 13)
-    with torch.inference_mode():
-        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        model.set_attn_implementation(name)
-        actual = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    expected, actual = sdpa_and_registered(attn.hf.register("attn_bf16", precision="bf16", allow_storage_only=True))
     # Every layer's core ran in bf16 (whose accuracy test_core.py and the C++ StageTest check
     # against its reference), and the model stayed near its fp32 self.
     assert precisions == ["bf16", "bf16"]
