@@ -14,6 +14,17 @@ set(ATTN_KERNEL_LIBRARIES "")
 # (attn generate --name-suffix <isa>).
 set(ATTN_PREBUILT_KERNELS "" CACHE PATH "A folder of attn generate's libraries to use instead of building them")
 
+# Halide's profiler compiled into every CPU kernel and the runtime: at exit each pipeline
+# called prints its time per Func and the threads busy (tools/halide_profile.py reads it). A build
+# for finding where the time goes, never for comparing speed (the profiler costs time).
+option(ATTN_PROFILE "Compile the CPU kernels with Halide's profiler (tools/halide_profile.py)" OFF)
+function(_attn_halide_target target out_var)
+    if (ATTN_PROFILE AND NOT target MATCHES "-(cuda|opencl)")
+        set(target "${target}-profile")
+    endif ()
+    set(${out_var} "${target}" PARENT_SCOPE)
+endfunction()
+
 # One AOT function's object and header, from an attn generate folder: the archive's one
 # object, taken out at configure time (so a change to the folder needs a reconfigure).
 function(_attn_prebuilt_object name source isa out_var)
@@ -65,10 +76,11 @@ function(_attn_variant variant)
             if (ATTN_ISA_${isa}_TARGET MATCHES "-cuda")
                 list(APPEND plugin_args STMT ${name}_stmt)
             endif ()
+            _attn_halide_target(${ATTN_ISA_${isa}_TARGET} target)
             add_halide_library(${name} FROM ${ATTN_GENERATORS}
                                GENERATOR ${L_GENERATOR}
                                FUNCTION_NAME ${name}
-                               TARGETS ${ATTN_ISA_${isa}_TARGET}
+                               TARGETS ${target}
                                USE_RUNTIME attn_halide_runtime
                                ${plugin_args}
                                PARAMS ${L_PARAMS})
@@ -89,7 +101,8 @@ endfunction()
 
 # One Halide runtime shared by all variants (runtime_target: on x86-64, runs on any x86-64).
 # Installed as attn::halide_runtime; Halide's own headers stay a build-time dependency.
-add_halide_runtime(attn_halide_runtime TARGETS ${ATTN_RUNTIME_TARGET})
+_attn_halide_target(${ATTN_RUNTIME_TARGET} runtime_target)
+add_halide_runtime(attn_halide_runtime TARGETS ${runtime_target})
 set_target_properties(attn_halide_runtime PROPERTIES EXPORT_NAME halide_runtime)
 get_target_property(runtime_links attn_halide_runtime INTERFACE_LINK_LIBRARIES)
 list(TRANSFORM runtime_links REPLACE "^Halide::Runtime$" "$<BUILD_INTERFACE:Halide::Runtime>")

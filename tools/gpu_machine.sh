@@ -34,6 +34,10 @@
 #                                      order (run them first)
 #   tools/gpu_machine.sh call N        there: campaign call N, its steps in order within its
 #                                      minutes, the results packed into $OUT (the device tool's)
+#   tools/gpu_machine.sh profile       there: where the host CPU's time goes, by Halide Func,
+#                                      at 1 to all its threads (tools/halide_profile.py, the
+#                                      hand-written AVX-512 layers at B=1 S=128, from a
+#                                      build with Halide's profiler that pack makes too)
 #   tools/gpu_machine.sh bench PART    there: the interleaved comparison, PART one of
 #                                      layer-short (fused layer, S <= 512), layer-long
 #                                      (S >= 2048), stages (each stage alone), core (the
@@ -59,6 +63,10 @@ variants='^(manual|autotuned)_avx2$|_avx512_|_cuda$'
 
 has_avx512() { grep -qw avx512f /proc/cpuinfo; }
 
+# The variants the profile step runs (with their bf16 and int8 layers), and where.
+profiled='^manual_(avx512_skylake|avx512_zen4)$'
+profile_filter='^attention_layer/manual_avx512_(skylake|zen4)(_bf16|_int8)?/b1_s128_h768_n12$'
+
 # The campaign: the device calls, in order, each "minutes|step;step;...|what it gives". A
 # session is lent 15 minutes of device time, and each machine start costs one to two, so
 # the steps share few calls. `call N` gives each step what is left of the call's minutes
@@ -70,7 +78,7 @@ has_avx512() { grep -qw avx512f /proc/cpuinfo; }
 campaign=(
   "9|machine;test cuda;tune attention_layer;tune attention_scores masked_softmax weighted_sum qkv_projection output_layernorm;test avx512|the GPU, driver and host CPU; every CUDA variant against the reference; every function's candidates checked and timed, the fused layer's beside PyTorch eager, SDPA and the cuBLAS roofline (tune/); every AVX-512 variant on the host CPU"
   "4|bench layer;bench core;bench stages;bench cpu;python|(after freeze and pack here) the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors"
-  "8|tune --isa avx512_skylake attention_layer;tune --isa avx512_skylake attention_scores masked_softmax weighted_sum qkv_projection output_layernorm|(needs tools/gpu_machine.sh bundles avx512_skylake here; the next session's first call if this one has no minutes left) the host CPU's candidates checked and timed on all its threads, the fused layer's beside ONNX Runtime and PyTorch (tune-avx512_skylake/): freeze then makes autotuned_avx512_skylake"
+  "9|profile;tune --isa avx512_skylake attention_layer;tune --isa avx512_skylake attention_scores masked_softmax weighted_sum qkv_projection output_layernorm|(needs tools/gpu_machine.sh bundles avx512_skylake here; the next session's first call if this one has no minutes left) where the host CPU's time goes at 1 to all its threads (profile/); the host CPU's candidates checked and timed on all its threads, the fused layer's beside ONNX Runtime and PyTorch (tune-avx512_skylake/): freeze then makes autotuned_avx512_skylake"
 )
 # What a GPU comparison times: the hand-written and tuned CUDA variants and the peers (the
 # autoscheduled ones took 1.6-8x manual_cuda's time on an H100; bench ... --filter REGEX
@@ -114,6 +122,11 @@ pack)
   for program in tests/attn_tests bench/attn_bench; do
     strip -o "$carry/$(basename "$program")" "build/gpu/$program"
   done
+  # The benchmark worker again with Halide's profiler in its CPU kernels (the profile step).
+  cmake --preset release -B build/gpu-profile -DATTN_PROFILE=ON -DATTN_ONLY_VARIANTS="$profiled" \
+    -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_PYTHON=OFF >/dev/null
+  cmake --build build/gpu-profile --target attn_bench
+  strip -o "$carry/attn_bench_profile" build/gpu-profile/bench/attn_bench
   # The Python package (its files, not the build tree's links), and the Python it is for.
   cp -L build/gpu/python/attn/*.py "$carry/python/attn/"
   strip -o "$carry/python/attn/$(basename build/gpu/python/attn/_attn*.so)" build/gpu/python/attn/_attn*.so
@@ -267,6 +280,15 @@ tune)
       --out "$results/$function" ${peers[@]+"${peers[@]}"}
   done
   ;;
+profile)
+  export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  has_avx512 || { echo "profile: this CPU has no AVX-512; its variants cannot run here (skipped)"; exit 0; }
+  counts=(1) n=2
+  while ((n < $(nproc))); do counts+=("$n"); n=$((n * 2)); done
+  counts+=("$(nproc)")
+  python3 tools/halide_profile.py --bench "$carry/attn_bench_profile" --filter "$profile_filter" --threads "${counts[@]}" \
+    --min-time 0.3 --out "$out/profile" "$@"
+  ;;
 bench)
   export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   openblas_kernels
@@ -292,7 +314,7 @@ bench)
   esac
   ;;
 *)
-  echo "usage: tools/gpu_machine.sh [--out DIR] pack|bundles [ISA]|campaign|call N|machine|test|tune [--isa ISA] FUNCTION...|python|bench PART|freeze [ISA]" >&2
+  echo "usage: tools/gpu_machine.sh [--out DIR] pack|bundles [ISA]|campaign|call N|machine|test|tune [--isa ISA] FUNCTION...|python|profile|bench PART|freeze [ISA]" >&2
   exit 2
   ;;
 esac
