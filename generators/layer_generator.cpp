@@ -24,9 +24,9 @@ public:
     // Dense: (hidden, seq_q, batch) = [B, S_q, H]. Packed: the token rows as a batch of one,
     // (hidden, token, 1) = [1, T, H].
     Input<Buffer<float, 3>> x{"x"};
-    // (in, out) = [H_out, H_in], nn.Linear's; on a GPU prepared once as their transposes, (out,
-    // in) = [H_in, H_out]; in bf16 and int8 prepared once in pairs or quads of input features,
-    // (group·out + lane, in_group) (layer_weights below). float, bfloat16 in bf16, int8 in int8
+    // Prepared once by the runtime (layer_weights below): in fp32 nn.Linear's transposed,
+    // (out, in) = [H_in, H_out]; in bf16 and int8 in pairs or quads of input features,
+    // (group·out + lane, in_group). float, bfloat16 in bf16, int8 in int8
     // (configure).
     Input<Buffer<void, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"}, w_o{"w_o"};
     Input<Buffer<float, 1>> b_q{"b_q"}, b_k{"b_k"}, b_v{"b_v"}, b_o{"b_o"};  // [H]
@@ -127,16 +127,15 @@ public:
         if (probs) probs->set_estimates(score);
     }
 
-    // A GPU's fused layer reads its weights transposed, as its kernels read them, prepared
-    // once by the runtime's Attention (DeviceWeights, runtime/src/pipeline_call.cpp), so no
-    // call launches transposes. bf16 and int8, whose weights the Attention rounds or quantizes
-    // once anyway (ReducedWeights), take them in the groups their products read, so no call
-    // regroups them. The stages, called with their weights each time, and every fp32 CPU
-    // layer, whose panels transpose their slice in cache with f32 vectors, take nn.Linear's.
-    static WeightLayout layer_weights(const Target &target, Precision precision) {
-        return target.has_gpu_feature()         ? WeightLayout::transposed
-               : precision != Precision::fp32 ? WeightLayout::grouped
-                                              : WeightLayout::linear;
+    // The fused layer's weights are prepared once by the runtime's Attention, so no call
+    // rearranges them: in fp32 transposed, [H_in, H_out] (PreparedWeights,
+    // runtime/src/pipeline_call.cpp), which a GPU's kernels and a CPU's register tiles read
+    // in place, a vector of outputs per input feature (on the CPU that saves the panels'
+    // transposes, 14% of the call at B=1 S=128: tools/halide_profile.py); bf16 and int8, which the
+    // Attention rounds or quantizes once anyway (ReducedWeights), in the groups their
+    // products read. The stages, called with their weights each time, take nn.Linear's.
+    static WeightLayout layer_weights(const Target &, Precision precision) {
+        return precision != Precision::fp32 ? WeightLayout::grouped : WeightLayout::transposed;
     }
 
     void schedule_manual_cpu() {

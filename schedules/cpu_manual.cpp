@@ -89,7 +89,8 @@ void vectorized_row_reduction(Func reduction, RVar along, LoopLevel at, const Ta
 // pairs; otherwise outputs innermost, one vector per feature. An int8 panel, (quad, out,
 // in_quad), has its quad innermost: one load is vw outputs' quads.
 // A weight prepared in its groups (attn_gen::WeightLayout::grouped) is already stored as a
-// native panel is: the tiles read it in place, with no panel.
+// native panel is, and an fp32 one prepared transposed (WeightLayout::transposed) has each
+// input feature's outputs contiguous: the tiles read either in place, with no panel.
 void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const std::vector<RVar> &reduction,
                          VarOrRVar rows, LoopLevel at, const CpuTiling &t, const Target &target,
                          attn_gen::Precision precision = attn_gen::Precision::fp32,
@@ -106,7 +107,8 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
         .vectorize(oi, vw, kGuard)
         .parallel(oo);
     const bool panel_layout = precision == attn_gen::Precision::int8 || native_bf16(target);
-    if (layout == attn_gen::WeightLayout::grouped && panel_layout) {
+    if ((layout == attn_gen::WeightLayout::grouped && panel_layout) ||
+        (layout == attn_gen::WeightLayout::transposed && precision == attn_gen::Precision::fp32)) {
         register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
         return;
     }
@@ -259,7 +261,7 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
                             LoopLevel::root(), t, target, n.rounded.precision, n.weight_layout);
     } else {
         schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, rvars(n.in_feature), s,
-                            LoopLevel::root(), t, target);
+                            LoopLevel::root(), t, target, attn_gen::Precision::fp32, n.weight_layout);
     }
     n.y.compute_root()
         .split(s, so, si, t.tile_rows, kGuard)

@@ -176,6 +176,52 @@ TEST(Manifest, DispatchPicksTheMeasuredOrderElseTheWidestIsaThenThePreferredSour
     EXPECT_EQ(default_variant_reason().rfind(expected + ": " + why, 0), 0u) << default_variant_reason();
 }
 
+// An fp32 Attention made without naming a variant runs each call with the measured pick of
+// its shape class (generated/dispatch.json, the entry the default came from), or the default
+// where that class was not ranked; one made with a variant named always runs that one.
+TEST(Manifest, AnAttentionWithoutAVariantRunsEachShapeClassWithItsMeasuredPick) {
+    const std::string reason = default_variant_reason();
+    const std::string widest = select_variant().isa;
+    const manifest::MeasuredOrder *measured = nullptr;
+    if (reason.find(": measured") != std::string::npos) {
+        for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
+            if (m.cpu_model == detail::cpu_model() && m.order.contains(select_variant().name)) {
+                measured = &m;
+                break;
+            }
+        }
+        ASSERT_NE(measured, nullptr) << reason;
+    }
+    Config config;
+    config.hidden_size = 8, config.num_heads = 2;
+    std::vector<float> w(64, 0.01f), zeros(8, 0.0f), ones(8, 1.0f);
+    const ConstTensor matrix = view(std::as_const(w), {8, 8}), vector = view(std::as_const(zeros), {8});
+    const LayerWeights weights{matrix, vector, matrix, vector, matrix, vector, matrix, vector, view(std::as_const(ones), {8}), vector};
+    const Attention by_class(config, weights), named(config, weights, select_variant().name);
+    int64_t longest_bounded = 0;
+    for (const manifest::ShapeClass &c : manifest::kShapeClasses) {
+        const int64_t seq = c.max_seq ? c.max_seq : longest_bounded + 1;
+        longest_bounded = std::max<int64_t>(longest_bounded, c.max_seq);
+        std::string expected = select_variant().name;
+        if (measured) {
+            for (const manifest::ClassOrder &o : measured->classes) {
+                if (std::string(o.shape_class) != c.name) continue;
+                const auto first = std::find_if(o.order.begin(), o.order.end(), [](const char *name) {
+                    return std::any_of(variants().begin(), variants().end(),
+                                       [&](const VariantInfo &v) { return v.name == name && v.runnable; });
+                });
+                if (first != o.order.end()) expected = *first;
+            }
+            EXPECT_NE(reason.find(std::string(c.name) + (c.max_seq ? " (" : " ")), std::string::npos) << reason;
+        }
+        EXPECT_EQ(default_variant_for(seq).name, expected) << c.name;
+        EXPECT_EQ(by_class.variant_for(seq, 1).name, expected) << c.name;
+        EXPECT_EQ(by_class.variant_for(1, seq).name, expected) << c.name;
+        EXPECT_EQ(named.variant_for(seq, seq).name, select_variant().name) << c.name;
+    }
+    EXPECT_EQ(by_class.variant().name, select_variant().name);
+}
+
 TEST(Manifest, AnArgumentTheRuntimeDoesNotPassIsRefusedByName) {
     const VariantInfo &v = select_variant();
     const detail::CompiledFunction &scores = detail::function_for(v, "attention_scores", {});

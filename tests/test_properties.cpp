@@ -135,6 +135,28 @@ TEST_P(PropertyTest, RealTokensIgnorePaddedContent) {
     expect_kept_unchanged(GetParam(), original, *before, *after, kept, "a real token saw padded content");
 }
 
+// An Attention prepares its weight matrices when it is made (transposed in fp32; on a GPU
+// uploaded): changing the caller's afterwards changes none of its results.
+TEST_P(PropertyTest, AnAttentionKeepsTheWeightMatricesItWasMadeWith) {
+    ATTN_SKIP_IF_NOT_RUNNABLE(GetParam());
+    Problem p;
+    p.batch = 2, p.s_q = p.s_k = 33, p.hidden = 64, p.heads = 2;
+    LayerData data(p);
+    Attention layer(p.config(), data.weights(), GetParam().name);
+    std::vector<float> before(std::size_t(p.batch * p.s_q * p.hidden)), after(before.size());
+    if (!ran_or_refused(GetParam(), layer_function(false),
+                        [&] { layer.forward(data.inputs(), view(before, {p.batch, p.s_q, p.hidden})); })) {
+        return;
+    }
+    for (std::vector<float> *w : {&data.w_q, &data.w_k, &data.w_v, &data.w_o})
+        for (float &value : *w) value = -value;
+    layer.forward(data.inputs(), view(after, {p.batch, p.s_q, p.hidden}));
+    layer.synchronize();
+    std::vector<std::size_t> all(before.size());
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+    expect_kept_unchanged(GetParam(), LayerData(p), before, after, all, "the caller's changed matrices were read");
+}
+
 TEST_P(PropertyTest, NaNInInputPropagatesWithoutCrashing) {
     ATTN_SKIP_IF_NOT_RUNNABLE(GetParam());
     Problem p;

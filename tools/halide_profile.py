@@ -68,7 +68,7 @@ def table(name, by_threads, top):
     most = by_threads[counts[-1]]["funcs"]
     funcs = [f for f in sorted(most, key=lambda f: -most[f]["percent"]) if f != WAITING][:top]
     one = by_threads[counts[0]]["ms_per_run"] * counts[0]
-    rows = [f"### {name}", "", "| | " + " | ".join(f"{n} threads" for n in counts) + " |",
+    rows = [f"### {name}", "", "| | " + " | ".join(f"{n} thread{'s' if n > 1 else ''}" for n in counts) + " |",
             "|---|" + "---|" * len(counts),
             "| ms per call (profiled) | " + " | ".join(f"{by_threads[n]['ms_per_run']:.3f}" for n in counts) + " |",
             f"| efficiency vs {counts[0]} thread{'s' if counts[0] > 1 else ''} | " +

@@ -359,8 +359,12 @@ class AttentionLayer:
     """The fused BERT self-attention layer: LayerNorm(x + (softmax(QK^T/sqrt(d) + masks) V) W_o^T + b_o).
 
     Weights in nn.Linear's convention (w_* [H, H] as [out, in], biases [H]), float32 NumPy
-    arrays or torch tensors; they are viewed, not copied, and must not change while the layer
-    is used (torch.nn.Module parameters may: from_hf keeps the module's own tensors).
+    arrays or torch tensors. The four matrices are prepared once, here (fp32: transposed, the
+    layout the fused layer reads), so later changes to them are not seen by this layer; the
+    vectors are viewed, not copied, and must not change while the layer is used. With torch
+    tensors a change in place is honoured all the same: forward finds the layer of the weights'
+    current version, and makes one for them if there is none (from_hf keeps the module's own
+    tensors).
 
     precision="bf16" computes the four projections and the attention core's products (QKᵀ,
     P·V) in bf16 (attn::Precision::bf16): the weight matrices rounded to bf16 once, here (so

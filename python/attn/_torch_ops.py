@@ -34,9 +34,10 @@ def scaled_dot_product_attention(q, k, v, attn_mask, key_padding_mask, is_causal
 
 # The operator takes the weights as tensors (the compiler sees them as inputs) and runs the
 # caller's AttentionLayer of those weights: a layer is found by its weights' storage and
-# version, weakly (it keeps its weights alive, and the caller decides how long). A GPU
-# variant's layer holds a copy uploaded when it was made, so it stands only for the weights
-# as they were then; a CPU layer reads them in place, whatever their version since.
+# version, weakly (it keeps its weights alive, and the caller decides how long). A layer
+# holds its matrices prepared when it was made (transposed, rounded or quantized; on a GPU
+# uploaded), so it stands only for the weights as they were then: weights changed in place
+# since find none, and the call makes a layer of them.
 _layers = weakref.WeakValueDictionary()
 
 
@@ -49,8 +50,8 @@ def remember(layer):
     """Lets the operators find `layer` by its weights as they are now."""
     key = _key([layer.weights[name] for name in _WEIGHTS], layer.num_heads, layer.layer_norm_eps, layer.causal,
                layer.variant)
-    if layer._device == "cpu" or key == getattr(layer, "_uploaded", key):
-        layer._uploaded = getattr(layer, "_uploaded", key)
+    if key == getattr(layer, "_prepared", key):
+        layer._prepared = getattr(layer, "_prepared", key)
         _layers[key] = layer
 
 

@@ -1,5 +1,5 @@
-// attn::Attention over a padded batch: validate, bind the weights (uploaded once for a GPU
-// variant), call the fused layer. Packed batches: packed.cpp; the stages: stages.cpp.
+// attn::Attention over a padded batch: validate, bind the weights (prepared once: transposed,
+// and uploaded for a GPU variant; rounded or quantized in bf16 and int8), call the fused layer. Packed batches: packed.cpp; the stages: stages.cpp.
 #include "attn/attention.h"
 #include "attn/function_calls.h"
 #include "attn/internal.h"
@@ -76,7 +76,12 @@ Attention::Attention(Config config, LayerWeights weights, const std::string &var
         return;
     }
     variant_ = &select_variant(variant);
-    if (variant_->device != "cpu") device_weights_ = std::make_shared<detail::DeviceWeights>(weights_, *variant_);
+    by_shape_class_ = variant.empty();  // the default and the class picks are CPU variants, one weight layout
+    prepared_weights_ = std::make_shared<detail::PreparedWeights>(weights_, *variant_);
+}
+
+const VariantInfo &Attention::variant_for(int64_t s_q, int64_t s_k) const {
+    return by_shape_class_ ? default_variant_for(std::max(s_q, s_k)) : *variant_;
 }
 
 void Attention::synchronize() const { attn::synchronize(*variant_); }
@@ -107,17 +112,18 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     }
     if (want_probs && overlaps(y, probs)) throw Error("probs", "must not overlap y");
 
-    pipeline::prepare_halide(*variant_);
-    const halide_device_interface_t *gpu = detail::device_interface(variant_->device);
-    detail::DeviceWeights *uploaded = device_weights_.get();
+    const VariantInfo &variant = variant_for(s_q, s_k);
+    pipeline::prepare_halide(variant);
+    const halide_device_interface_t *gpu = detail::device_interface(variant.device);
+    detail::PreparedWeights *prepared = prepared_weights_.get();
+    detail::PreparedWeights *uploaded = prepared && prepared->uploaded ? prepared : nullptr;
     pipeline::MaskInput mask =
         pipeline::mask_input(in.key_padding_mask, batch, s_k, gpu, uploaded ? &uploaded->ones : nullptr);
     pipeline::BiasInput bias =
         pipeline::bias_input(in.bias, batch, heads, s_q, s_k, gpu, uploaded ? &uploaded->zeros : nullptr);
-    std::unique_ptr<pipeline::WeightBuffers> host_weights;
+    std::unique_ptr<pipeline::WeightBuffers> given;  // a bf16 or int8 layer's vectors
     pipeline::WeightBuffers &w =
-        uploaded ? uploaded->weights
-                 : *(host_weights = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
+        prepared ? prepared->weights : *(given = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
     auto x = pipeline::halide_view(in.x);
     auto kv = cross ? pipeline::halide_view(in.kv) : x;
     auto y_buffer = pipeline::halide_view(y);
@@ -126,7 +132,7 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     pipeline::Call call(want_probs        ? "attention_layer_probs"
                         : reduced_weights_ ? reduced_precision(config_.precision).layer
                                            : "attention_layer",
-                        *variant_, pipeline::extents(batch, s_q, s_k, heads, hidden));
+                        variant, pipeline::extents(batch, s_q, s_k, heads, hidden));
     if (reduced_weights_) {
         call.weights(w, *reduced_weights_);
     } else {

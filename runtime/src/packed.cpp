@@ -107,9 +107,11 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     if (want_probs && overlaps(y, probs)) throw Error("probs", "must not overlap y");
     if (tokens == 0) return;  // no token, nothing to compute
 
-    pipeline::prepare_halide(*variant_);
-    const halide_device_interface_t *gpu = detail::device_interface(variant_->device);
-    detail::DeviceWeights *uploaded = device_weights_.get();
+    const VariantInfo &variant = variant_for(longest, longest);
+    pipeline::prepare_halide(variant);
+    const halide_device_interface_t *gpu = detail::device_interface(variant.device);
+    detail::PreparedWeights *prepared = prepared_weights_.get();
+    detail::PreparedWeights *uploaded = prepared && prepared->uploaded ? prepared : nullptr;
     pipeline::BiasInput bias =
         pipeline::packed_bias_input(in.bias, batch, heads, longest, gpu, uploaded ? &uploaded->zeros : nullptr);
     const int32_t t = int32_t(tokens), h = int32_t(hidden), s_max = int32_t(longest), b = int32_t(batch);
@@ -121,14 +123,13 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     // The probabilities come as [B, heads, S_max, S_max], each sequence's at its top left.
     Halide::Runtime::Buffer<float> padded_probs;
     if (want_probs) padded_probs = Halide::Runtime::Buffer<float>(s_max, s_max, int32_t(heads), b);
-    std::unique_ptr<pipeline::WeightBuffers> host_weights;
+    std::unique_ptr<pipeline::WeightBuffers> given;  // a bf16 or int8 layer's vectors
     pipeline::WeightBuffers &w =
-        uploaded ? uploaded->weights
-                 : *(host_weights = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
+        prepared ? prepared->weights : *(given = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
     pipeline::Call call(want_probs       ? "attention_layer_packed_probs"
                         : reduced_weights_ ? reduced_precision(config_.precision).packed_layer
                                         : "attention_layer_packed",
-                        *variant_, pipeline::extents(batch, longest, longest, heads, hidden));
+                        variant, pipeline::extents(batch, longest, longest, heads, hidden));
     if (reduced_weights_) {
         call.weights(w, *reduced_weights_);
     } else {

@@ -228,14 +228,16 @@ void Call::run() {
 }  // namespace attn::pipeline
 
 namespace attn::detail {
-DeviceWeights::DeviceWeights(const LayerWeights &w, const VariantInfo &variant) : weights(w, true, true) {
+PreparedWeights::PreparedWeights(const LayerWeights &w, const VariantInfo &variant)
+    : weights(w, true, true), uploaded(variant.device != "cpu") {
     pipeline::prepare_halide(variant);
     const halide_device_interface_t *gpu = device_interface(variant.device);
     for (pipeline::WeightBuffers::Weight &weight : weights.weights) {
         Halide::Runtime::Buffer<const float> &given = weight.buffer;
+        // (A CPU variant refuses device memory here, naming the weight.)
         if (weight.memory == Memory::device) pipeline::wrap_device_memory(weight.name, given, variant);
         if (given.dimensions() == 2) {
-            // [H_out, H_in] prepared as its transpose, [H_in, H_out], the layout a GPU's fused
+            // [H_out, H_in] prepared as its transpose, [H_in, H_out], the layout the fused
             // layer reads (attn_gen::WeightLayout: generators/layer_generator.cpp), once, on
             // the host: device memory is brought there for it.
             Halide::Runtime::Buffer<const float> source = given;
@@ -252,6 +254,7 @@ DeviceWeights::DeviceWeights(const LayerWeights &w, const VariantInfo &variant) 
         } else if (weight.memory == Memory::device) {
             continue;  // a vector in device memory is read in place
         }
+        if (!gpu) continue;
         given.set_host_dirty();  // copy_to_device copies only a buffer marked so
         pipeline::check_halide(given.copy_to_device(gpu), weight.name, "copying the weight to the device");
         ++pipeline::uploads;

@@ -52,7 +52,7 @@ ProblemExtents extents(int64_t batch, int64_t s_q, int64_t s_k, int64_t heads, i
 // as one copy and the view shares that allocation: Halide 21 copies a host buffer one
 // contiguous run at a time, so a broadcast view marked for upload would cost
 // B·heads·S_q copies of the same row per call. `cache`, when given, keeps the row on
-// the device for the next call (an Attention's DeviceWeights).
+// the device for the next call (an Attention's PreparedWeights on a GPU).
 template <typename T>
 struct RowCache {
     std::mutex mutex;
@@ -165,15 +165,17 @@ private:
 }  // namespace attn::pipeline
 
 namespace attn::detail {
-// A GPU variant's weights, prepared by the Attention constructor: each matrix transposed
-// (the layout the fused layer reads on a GPU) and uploaded once, from host or device
-// memory; a vector uploaded once (host memory) or wrapped in place (device memory). Its
-// calls pass them as they are.
-struct DeviceWeights {
+// An fp32 layer's weights, prepared by the Attention constructor: each matrix transposed,
+// [H_in, H_out] (the layout the fused layer reads: generators/layer_generator.cpp,
+// layer_weights), once, on the host. A GPU variant's are then uploaded once, from host or
+// device memory, and a vector uploaded once (host memory) or wrapped in place (device
+// memory); its calls pass them as they are. A CPU variant's vectors are the caller's.
+struct PreparedWeights {
     pipeline::WeightBuffers weights;
-    pipeline::RowCache<uint8_t> ones;  // an absent mask's, for the next call
-    pipeline::RowCache<float> zeros;   // an absent bias's
-    DeviceWeights(const LayerWeights &w, const VariantInfo &variant);
+    bool uploaded;                     // on the variant's GPU
+    pipeline::RowCache<uint8_t> ones;  // a GPU's absent mask, for the next call
+    pipeline::RowCache<float> zeros;   // a GPU's absent bias
+    PreparedWeights(const LayerWeights &w, const VariantInfo &variant);
 };
 
 // A bf16 or int8 Attention's four matrices (Precision::bf16, int8), rounded to bf16

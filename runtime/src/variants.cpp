@@ -133,7 +133,34 @@ namespace {
 struct DefaultChoice {
     const Entry *entry = nullptr;
     std::string reason;
+    const manifest::MeasuredOrder *measured = nullptr;  // the measurement it comes from, if any
 };
+
+// The first runnable compiled variant of `order`, if any.
+const Entry *first_runnable(const manifest::Names &order) {
+    for (const char *name : order) {
+        for (const Entry &e : entries()) {
+            if (e.info.name == name && e.info.runnable && !e.registered) return &e;
+        }
+    }
+    return nullptr;
+}
+
+// The shape class of a call of max(S_q, S_k) = `seq` (manifest.json: the first whose bound holds).
+const char *shape_class_of(int64_t seq) {
+    for (const manifest::ShapeClass &c : manifest::kShapeClasses) {
+        if (c.max_seq == 0 || seq <= c.max_seq) return c.name;
+    }
+    return "";
+}
+
+// The measured pick of a shape class, if the measurement ranked it and one of its order runs.
+const Entry *class_pick(const manifest::MeasuredOrder &m, const std::string &shape_class) {
+    for (const manifest::ClassOrder &c : m.classes) {
+        if (shape_class == c.shape_class) return first_runnable(c.order);
+    }
+    return nullptr;
+}
 
 // The default variant, and why: a measurement of this CPU (generated/dispatch.json) that
 // covered its widest instruction set, else the rule: the runnable variant of the highest
@@ -152,15 +179,21 @@ DefaultChoice choose_default() {
     const std::string model = detail::cpu_model(), widest = rule.entry->info.isa;
     for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
         if (model != m.cpu_model || !m.isas.contains(widest)) continue;
-        for (const char *name : m.order) {
-            for (const Entry &e : entries()) {
-                if (e.info.name == name && e.info.runnable && !e.registered) {
-                    return {&e, "measured: the variant closest to the fastest on every fused-layer problem of " +
-                                    std::string(m.source) + " (" + m.date + "), on this CPU model (" + model +
-                                    ") with " + widest + " its widest instruction set"};
-                }
-            }
+        const Entry *e = first_runnable(m.order);
+        if (!e) continue;
+        std::string reason = "measured: the variant closest to the fastest on every fused-layer problem of " +
+                             std::string(m.source) + " (" + m.date + "), on this CPU model (" + model + ") with " +
+                             widest + " its widest instruction set";
+        std::string by_class;
+        for (const manifest::ShapeClass &c : manifest::kShapeClasses) {
+            const Entry *pick = class_pick(m, c.name);
+            by_class += std::string(by_class.empty() ? "" : ", ") + c.name +
+                        (c.max_seq ? " (max(S_q, S_k) <= " + std::to_string(c.max_seq) + ")" : std::string()) + " " +
+                        (pick ? pick->info.name : e->info.name + " (the class was not ranked)");
         }
+        return {e, reason + "; an Attention made without naming a variant runs each call with the closest of "
+                            "its shape class's problems: " + by_class,
+                &m};
     }
     rule.reason = "by rule, as no measurement in generated/dispatch.json is of this CPU (" + model + ") with " +
                   widest + " measured: the widest instruction set (" + widest +
@@ -174,6 +207,14 @@ const DefaultChoice &default_choice() {
 }
 
 }  // namespace
+
+const VariantInfo &default_variant_for(int64_t seq) {
+    const DefaultChoice &c = default_choice();
+    if (c.measured) {
+        if (const Entry *pick = class_pick(*c.measured, shape_class_of(seq))) return pick->info;
+    }
+    return select_variant();
+}
 
 std::string default_variant_reason() {
     const DefaultChoice &c = default_choice();

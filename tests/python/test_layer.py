@@ -81,6 +81,18 @@ def test_layers_are_found_by_their_weights_weakly():
     assert alive() is None, "the operators' table keeps a layer (and its weights) alive"
 
 
+def test_weights_changed_in_place_are_honoured_through_torch():
+    # The layer prepared its matrices when it was made; torch weights changed in place since
+    # then are found by their new version, and the call runs a layer of them.
+    layer, w, x = layer_and_input()
+    before = layer(x)
+    with torch.no_grad():
+        w["w_v"].mul_(-0.5)
+        w["w_o"].add_(0.01)
+    check(layer(x), x, w, "after changing w_v and w_o in place")
+    assert not torch.allclose(layer(x), before)
+
+
 def test_packed_sequences_match_each_sequence_alone():
     layer, w, _ = layer_and_input()
     lengths = [5, 0, 9, 1]

@@ -84,6 +84,12 @@ variants_timed = sorted(n for n in runnable if n.startswith("manual_"))
 check(sorted(entry["order"]) == variants_timed and entry["time_over_fastest"][0] == 1.0
       and entry["time_over_fastest"] == sorted(entry["time_over_fastest"]) and entry["problems"] == 1,
       f"dispatch order: {entry}")
+# ... and each shape class's: this run's one problem (S=128) is short, so short ranks it alike and
+# long ranks nothing.
+short = dispatch.shape_class("b1_s128_h384_n12", manifest_lib.load())
+check(short == "short" and dispatch.shape_class("b1_s2048_h768_n12", manifest_lib.load()) == "long"
+      and list(entry["classes"]) == [short] and entry["classes"][short]["order"] == entry["order"],
+      f"dispatch by shape class: {entry['classes']}")
 
 # Strong scaling: the worker's cases at 1 and 2 threads, in the same rounds, and the table.
 subprocess.run([sys.executable, str(root / "bench/compare.py"), "--bench", bench, "--out", str(work / "scaling"),

@@ -1,7 +1,8 @@
 // attn: BERT-style multi-head self-attention, compiled ahead of time with Halide.
 //
 // Tensors are views over the caller's memory in PyTorch's contiguous row-major
-// order (shapes below are PyTorch shapes); a CPU variant copies nothing. Every entry
+// order (shapes below are PyTorch shapes); a CPU variant copies none of a call's tensors
+// (an Attention prepares its weight matrices once, see its constructor). Every entry
 // point validates its arguments first and reports a problem by throwing attn::Error,
 // whose message names the argument, the expected and the actual value.
 //
@@ -277,6 +278,11 @@ bool computes_bf16(const VariantInfo &variant);
 const VariantInfo &select_variant(const std::string &name = "");
 // The default's name and why it was picked: the measurement it follows, or the rule.
 std::string default_variant_reason();
+// The variant an Attention made without naming one runs an fp32 call with, max(S_q, S_k) =
+// `seq`: where the measurement of this CPU (generated/dispatch.json) ranked that call's
+// shape class (manifest.json: short, long), the first of that class's ranking that runs;
+// otherwise select_variant().
+const VariantInfo &default_variant_for(int64_t seq);
 // The variant an Attention of `config` runs (its constructor says how): select_variant(name)
 // in fp32; in bf16 or int8 the named one, which must have the precision (and its
 // instructions, unless config.allow_storage_only), or with no name the widest that computes
@@ -304,18 +310,18 @@ void synchronize(const VariantInfo &variant);
 
 // One attention layer: validated weights bound to a variant.
 namespace detail {
-struct DeviceWeights;
+struct PreparedWeights;
 struct ReducedWeights;
 }
 
 class Attention {
 public:
-    // A GPU variant prepares its weights here, once: each matrix transposed into the layout
-    // its kernels read (a device-memory one is copied to the host for it), then every
-    // weight copied to the device (a device-memory vector is read in place). The object
-    // keeps that copy: later changes to the caller's weights are not seen. So do bf16 and
-    // int8 (config.precision), which round or quantize the four matrices here (host
-    // memory). With a reduced precision and no variant named, the variant is the one of the
+    // The weight matrices are prepared here, once: in fp32 each transposed into the layout
+    // the fused layer reads (its register tiles on a CPU, its kernels on a GPU, which copies
+    // a device-memory one to the host for it), and on a GPU every weight then copied to the
+    // device (a device-memory vector is read in place). The object keeps that copy: later
+    // changes to the caller's matrices are not seen. So do bf16 and int8
+    // (config.precision), which round or quantize the four matrices here (host memory). With a reduced precision and no variant named, the variant is the one of the
     // widest ISA this CPU runs that computes in it natively, or, if
     // config.allow_storage_only, one that gives its results without the instructions; a
     // variant without the precision, or one without its instructions when that is not
@@ -339,13 +345,18 @@ public:
     void synchronize() const;
 
     const Config &config() const { return config_; }
+    // The variant named, or else the default (select_variant(config)). An fp32 Attention made
+    // without naming a variant runs each call with variant_for() of its lengths: the
+    // measured pick of their shape class where this CPU was measured (default_variant_for).
     const VariantInfo &variant() const { return *variant_; }
+    const VariantInfo &variant_for(int64_t s_q, int64_t s_k) const;
 
 private:
     Config config_;
     LayerWeights weights_;
     const VariantInfo *variant_;
-    std::shared_ptr<detail::DeviceWeights> device_weights_;  // GPU variants: the weights on the device
+    bool by_shape_class_ = false;  // fp32, no variant named: each call's shape class picks
+    std::shared_ptr<detail::PreparedWeights> prepared_weights_;  // fp32: transposed (and on a GPU's device)
     std::shared_ptr<detail::ReducedWeights> reduced_weights_;  // bf16, int8: the matrices rounded or quantized
 };
 
