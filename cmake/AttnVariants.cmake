@@ -15,11 +15,13 @@ set(ATTN_KERNEL_LIBRARIES "")
 set(ATTN_PREBUILT_KERNELS "" CACHE PATH "A folder of attn generate's libraries to use instead of building them")
 
 # Halide's profiler compiled into every CPU kernel and the runtime: at exit each pipeline
-# called prints its time per Func and the threads busy (tools/halide_profile.py reads it). A build
-# for finding where the time goes, never for comparing speed (the profiler costs time).
+# called prints its time per Func and the threads busy (tools/halide_profile.py reads it). A
+# build for finding where the time goes, never for comparing speed (the profiler costs
+# time). GPU kernels are left as they are. (Libraries from ATTN_PREBUILT_KERNELS are used as
+# they were made.)
 option(ATTN_PROFILE "Compile the CPU kernels with Halide's profiler (tools/halide_profile.py)" OFF)
-function(_attn_halide_target target out_var)
-    if (ATTN_PROFILE AND NOT target MATCHES "-(cuda|opencl)")
+function(_attn_halide_target target device out_var)
+    if (ATTN_PROFILE AND device STREQUAL "cpu")
         set(target "${target}-profile")
     endif ()
     set(${out_var} "${target}" PARENT_SCOPE)
@@ -76,7 +78,11 @@ function(_attn_variant variant)
             if (ATTN_ISA_${isa}_TARGET MATCHES "-cuda")
                 list(APPEND plugin_args STMT ${name}_stmt)
             endif ()
-            _attn_halide_target(${ATTN_ISA_${isa}_TARGET} target)
+            set(device cpu)
+            if (ATTN_ISA_${isa}_TARGET MATCHES "-(cuda|opencl)")
+                set(device gpu)
+            endif ()
+            _attn_halide_target(${ATTN_ISA_${isa}_TARGET} ${device} target)
             add_halide_library(${name} FROM ${ATTN_GENERATORS}
                                GENERATOR ${L_GENERATOR}
                                FUNCTION_NAME ${name}
@@ -101,7 +107,7 @@ endfunction()
 
 # One Halide runtime shared by all variants (runtime_target: on x86-64, runs on any x86-64).
 # Installed as attn::halide_runtime; Halide's own headers stay a build-time dependency.
-_attn_halide_target(${ATTN_RUNTIME_TARGET} runtime_target)
+_attn_halide_target(${ATTN_RUNTIME_TARGET} cpu runtime_target)  # (its GPU modules are unaffected)
 add_halide_runtime(attn_halide_runtime TARGETS ${runtime_target})
 set_target_properties(attn_halide_runtime PROPERTIES EXPORT_NAME halide_runtime)
 get_target_property(runtime_links attn_halide_runtime INTERFACE_LINK_LIBRARIES)

@@ -166,7 +166,8 @@ TEST(Manifest, DispatchPicksTheMeasuredOrderElseTheWidestIsaThenThePreferredSour
     for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
         if (m.cpu_model != detail::cpu_model() || !m.isas.contains(best_isa->name)) continue;
         const auto first = std::find_if(m.order.begin(), m.order.end(), [&](const char *name) {
-            return std::any_of(all.begin(), all.end(), [&](const VariantInfo &v) { return v.name == name && v.runnable; });
+            return std::any_of(all.begin(), all.end(),
+                               [&](const VariantInfo &v) { return v.name == name && v.runnable; });
         });
         if (first == m.order.end()) continue;
         expected = *first, why = "measured";
@@ -181,22 +182,38 @@ TEST(Manifest, DispatchPicksTheMeasuredOrderElseTheWidestIsaThenThePreferredSour
 // where that class was not ranked; one made with a variant named always runs that one.
 TEST(Manifest, AnAttentionWithoutAVariantRunsEachShapeClassWithItsMeasuredPick) {
     const std::string reason = default_variant_reason();
-    const std::string widest = select_variant().isa;
+    // The measurement the default came from: of this CPU model, covering its widest ISA.
+    std::string widest;
+    int rank = 0;
+    for (const VariantInfo &v : variants()) {
+        for (const manifest::Isa &isa : manifest::kIsas) {
+            if (v.runnable && isa.name == v.isa && isa.dispatch_rank > rank) widest = v.isa, rank = isa.dispatch_rank;
+        }
+    }
     const manifest::MeasuredOrder *measured = nullptr;
     if (reason.find(": measured") != std::string::npos) {
         for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
-            if (m.cpu_model == detail::cpu_model() && m.order.contains(select_variant().name)) {
+            if (m.cpu_model == detail::cpu_model() && m.isas.contains(widest)) {
                 measured = &m;
                 break;
             }
         }
         ASSERT_NE(measured, nullptr) << reason;
     }
+    // A pick is a hand-written or tuned CPU variant (a dispatch rank and priority).
+    auto dispatched = [](const VariantInfo &v) {
+        for (const manifest::Isa &isa : manifest::kIsas)
+            for (const manifest::ScheduleSource &source : manifest::kScheduleSources)
+                if (v.isa == isa.name && v.schedule == source.name)
+                    return isa.dispatch_rank && source.dispatch_priority;
+        return false;
+    };
     Config config;
     config.hidden_size = 8, config.num_heads = 2;
     std::vector<float> w(64, 0.01f), zeros(8, 0.0f), ones(8, 1.0f);
     const ConstTensor matrix = view(std::as_const(w), {8, 8}), vector = view(std::as_const(zeros), {8});
-    const LayerWeights weights{matrix, vector, matrix, vector, matrix, vector, matrix, vector, view(std::as_const(ones), {8}), vector};
+    const LayerWeights weights{
+        matrix, vector, matrix, vector, matrix, vector, matrix, vector, view(std::as_const(ones), {8}), vector};
     const Attention by_class(config, weights), named(config, weights, select_variant().name);
     int64_t longest_bounded = 0;
     for (const manifest::ShapeClass &c : manifest::kShapeClasses) {
@@ -206,9 +223,10 @@ TEST(Manifest, AnAttentionWithoutAVariantRunsEachShapeClassWithItsMeasuredPick) 
         if (measured) {
             for (const manifest::ClassOrder &o : measured->classes) {
                 if (std::string(o.shape_class) != c.name) continue;
-                const auto first = std::find_if(o.order.begin(), o.order.end(), [](const char *name) {
-                    return std::any_of(variants().begin(), variants().end(),
-                                       [&](const VariantInfo &v) { return v.name == name && v.runnable; });
+                const auto first = std::find_if(o.order.begin(), o.order.end(), [&](const char *name) {
+                    return std::any_of(variants().begin(), variants().end(), [&](const VariantInfo &v) {
+                        return v.name == name && v.runnable && dispatched(v);
+                    });
                 });
                 if (first != o.order.end()) expected = *first;
             }

@@ -144,8 +144,9 @@ TEST_P(PropertyTest, AnAttentionKeepsTheWeightMatricesItWasMadeWith) {
     LayerData data(p);
     Attention layer(p.config(), data.weights(), GetParam().name);
     std::vector<float> before(std::size_t(p.batch * p.s_q * p.hidden)), after(before.size());
-    if (!ran_or_refused(GetParam(), layer_function(false),
-                        [&] { layer.forward(data.inputs(), view(before, {p.batch, p.s_q, p.hidden})); })) {
+    if (!ran_or_refused(GetParam(), layer_function(false), [&] {
+            layer.forward(data.inputs(), view(before, {p.batch, p.s_q, p.hidden}));
+        })) {
         return;
     }
     for (std::vector<float> *w : {&data.w_q, &data.w_k, &data.w_v, &data.w_o})

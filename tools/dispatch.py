@@ -32,8 +32,9 @@ LAYER = "attention_layer"
 
 
 def shape_class(problem, manifest):
-    """The shape class of a problem (problems/problem.cpp names them b<B>_s<S>_...)."""
-    seq = int(re.search(r"_s(\d+)_", problem).group(1))
+    """The shape class of a problem, by max(S_q, S_k) (problems/problem.cpp names them
+    b<B>_s<S_q>[_k<S_k>]_h<H>_...)."""
+    seq = max(int(n) for n in re.findall(r"_[sk](\d+)(?=_)", problem))
     return next(name for name, c in manifest.shape_classes.items() if not c.get("max_seq") or seq <= c["max_seq"])
 
 

@@ -19,6 +19,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_FILTER = (r"^attention_layer/manual_avx512_(skylake|zen4)(_bf16|_int8)?/"
@@ -48,12 +49,19 @@ def reports(text):
 
 
 def profile(bench, name, threads, min_time):
-    """The report of the pipeline `name` timed: the one that ran longest in its process."""
-    command = [bench, f"--threads={threads}", f"--benchmark_filter=^{re.escape(name)}$",
-               f"--benchmark_min_time={min_time}"]
-    run = subprocess.run(command, capture_output=True, text=True)
-    if run.returncode != 0:
-        raise SystemExit(f"profile: {' '.join(command)} failed:\n{run.stderr[-2000:]}")
+    """The report of the pipeline `name` timed (the one that ran longest in its process), or
+    why there is none: the benchmark was skipped (a variant this CPU cannot run) or failed."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as result:
+        command = [bench, f"--threads={threads}", f"--benchmark_filter=^{re.escape(name)}$",
+                   f"--benchmark_min_time={min_time}", f"--benchmark_out={result.name}", "--benchmark_out_format=json"]
+        run = subprocess.run(command, capture_output=True, text=True)
+        try:
+            timed = json.loads(pathlib.Path(result.name).read_text()).get("benchmarks", [])
+        except (json.JSONDecodeError, OSError):
+            timed = []
+    skipped = [b.get("error_message", "skipped") for b in timed if b.get("error_occurred") or b.get("skipped")]
+    if run.returncode != 0 or skipped or not timed:
+        return {"skipped": (skipped or [f"exit {run.returncode}: {run.stderr.strip()[-300:]}"])[0]}
     found = reports(run.stdout + "\n" + run.stderr)
     if not found:
         raise SystemExit(f"profile: {name} printed no Halide profiler report: is {bench} built with "
@@ -96,29 +104,39 @@ def main():
     names = [n for n in listed.stdout.split() if re.search(args.filter, n)]
     if not names:
         raise SystemExit(f"profile: no benchmark of {args.bench} matches {args.filter}")
-    results = {}
-    for name in names:
-        results[name] = {}
-        for threads in args.threads:
-            results[name][threads] = profile(args.bench, name, threads, args.min_time)
-            r = results[name][threads]
-            print(f"profile: {name}, {threads} threads: {r['ms_per_run']:.3f} ms per call, "
-                  f"{r.get('threads_busy', 0):.2f} threads busy", file=sys.stderr)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cpu = next((line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     context = {"cpu_model": cpu, "command": " ".join(sys.argv), "bench": args.bench}
-    (out / "profile.json").write_text(json.dumps({"context": context, "results": results}, indent=1) + "\n")
+    results, skipped = {}, {}
+    for name in names:
+        for threads in args.threads:
+            r = profile(args.bench, name, threads, args.min_time)
+            if "skipped" in r:
+                skipped[name] = r["skipped"]
+                print(f"profile: {name}: skipped ({r['skipped']})", file=sys.stderr)
+                break
+            results.setdefault(name, {})[threads] = r
+            print(f"profile: {name}, {threads} threads: {r['ms_per_run']:.3f} ms per call, "
+                  f"{r.get('threads_busy', 0):.2f} threads busy", file=sys.stderr)
+            write(out, context, results, skipped, args.top)  # as they come: a step cut short keeps them
+    write(out, context, results, skipped, args.top)
+    print(f"profile: wrote {out / 'profile.md'} and profile.json", file=sys.stderr)
+
+
+def write(out, context, results, skipped, top):
+    (out / "profile.json").write_text(json.dumps({"context": context, "results": results, "skipped": skipped},
+                                                 indent=1) + "\n")
     lines = ["# Where the time goes, by Halide Func", "",
-             f"CPU: {cpu}. `{context['command']}`: each benchmark alone in its process, once per thread count, "
-             "with Halide's profiler in every kernel (cmake -DATTN_PROFILE=ON); the shares are of the "
-             "profiled call's time, which the profiler's sampling lengthens: compare speed with "
+             f"CPU: {context['cpu_model']}. `{context['command']}`: each benchmark alone in its process, once per "
+             "thread count, with Halide's profiler in every kernel (cmake -DATTN_PROFILE=ON); the shares are "
+             "of the profiled call's time, which the profiler's sampling lengthens: compare speed with "
              "bench/compare.py.", ""]
     for name, by_threads in results.items():
-        lines += table(name, by_threads, args.top)
-    (out / "profile.md").write_text("\n".join(lines))
-    print(f"profile: wrote {out / 'profile.md'} and profile.json", file=sys.stderr)
+        lines += table(name, by_threads, top)
+    lines += [f"Skipped: `{name}`: {why}" for name, why in skipped.items()]
+    (out / "profile.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -359,12 +359,11 @@ class AttentionLayer:
     """The fused BERT self-attention layer: LayerNorm(x + (softmax(QK^T/sqrt(d) + masks) V) W_o^T + b_o).
 
     Weights in nn.Linear's convention (w_* [H, H] as [out, in], biases [H]), float32 NumPy
-    arrays or torch tensors. The four matrices are prepared once, here (fp32: transposed, the
-    layout the fused layer reads), so later changes to them are not seen by this layer; the
-    vectors are viewed, not copied, and must not change while the layer is used. With torch
-    tensors a change in place is honoured all the same: forward finds the layer of the weights'
-    current version, and makes one for them if there is none (from_hf keeps the module's own
-    tensors).
+    arrays or torch tensors. The four matrices are prepared here (fp32: transposed, the layout
+    the fused layer reads); the vectors are viewed, not copied. Torch weights changed in place
+    (their version moves: load_state_dict, an optimizer step) are prepared again at the next
+    call, in the same precision and variant (from_hf keeps the module's own tensors); NumPy
+    weights must not change while the layer is used.
 
     precision="bf16" computes the four projections and the attention core's products (QKᵀ,
     P·V) in bf16 (attn::Precision::bf16): the weight matrices rounded to bf16 once, here (so
@@ -403,9 +402,11 @@ class AttentionLayer:
         if precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
         self.precision = precision
-        self._layer = _call({"hidden_size": "w_q", "layer_norm_eps": "layer_norm_eps"}, _attn.Layer, hidden,
-                            num_heads, self.layer_norm_eps, self.causal, self.weights,
-                            _variant_for(variant, self.weights["w_q"], "w_q"), precision, bool(allow_storage_only))
+        self._make = lambda: _call({"hidden_size": "w_q", "layer_norm_eps": "layer_norm_eps"}, _attn.Layer, hidden,
+                                   num_heads, self.layer_norm_eps, self.causal, self.weights,
+                                   _variant_for(variant, self.weights["w_q"], "w_q"), precision,
+                                   bool(allow_storage_only))
+        self._native, self._versions = self._make(), self._weight_versions()
         self.variant = self._layer.variant["name"]
         self._device = self._layer.variant["device"]
         if _is_torch(w_q):
@@ -414,6 +415,18 @@ class AttentionLayer:
         # Padded batches skip their padding through the packed function, where the variant has it.
         packed = "attention_layer_packed" + ("" if precision == "fp32" else "_" + precision)
         self._skips_padding = packed in self._layer.variant["functions"]
+
+    def _weight_versions(self):
+        return tuple(w._version for w in self.weights.values()) if _is_torch(self.weights["w_q"]) else None
+
+    @property
+    def _layer(self):
+        """The native layer, made again from the weights as they are now if torch weights were
+        changed in place since it prepared its copy of them."""
+        versions = self._weight_versions()
+        if versions != self._versions:
+            self._native, self._versions = self._make(), versions
+        return self._native
 
     @classmethod
     def from_hf(cls, module, variant=None, precision="fp32", allow_storage_only=False):

@@ -33,26 +33,21 @@ def scaled_dot_product_attention(q, k, v, attn_mask, key_padding_mask, is_causal
 
 
 # The operator takes the weights as tensors (the compiler sees them as inputs) and runs the
-# caller's AttentionLayer of those weights: a layer is found by its weights' storage and
-# version, weakly (it keeps its weights alive, and the caller decides how long). A layer
-# holds its matrices prepared when it was made (transposed, rounded or quantized; on a GPU
-# uploaded), so it stands only for the weights as they were then: weights changed in place
-# since find none, and the call makes a layer of them.
+# caller's AttentionLayer of those weights: a layer is found by its weights' storage, weakly
+# (it keeps its weights alive, and the caller decides how long). A layer whose weights were
+# changed in place since it prepared them (their version moved) prepares them again when
+# it runs (AttentionLayer._layer), in its own precision and variant.
 _layers = weakref.WeakValueDictionary()
 
 
 def _key(weights, num_heads, eps, causal, variant):
-    return (tuple((w.data_ptr(), w._version, tuple(w.shape), str(w.device)) for w in weights),
-            num_heads, eps, causal, variant)
+    return (tuple((w.data_ptr(), tuple(w.shape), str(w.device)) for w in weights), num_heads, eps, causal, variant)
 
 
 def remember(layer):
-    """Lets the operators find `layer` by its weights as they are now."""
-    key = _key([layer.weights[name] for name in _WEIGHTS], layer.num_heads, layer.layer_norm_eps, layer.causal,
-               layer.variant)
-    if key == getattr(layer, "_prepared", key):
-        layer._prepared = getattr(layer, "_prepared", key)
-        _layers[key] = layer
+    """Lets the operators find `layer` by its weights."""
+    _layers[_key([layer.weights[name] for name in _WEIGHTS], layer.num_heads, layer.layer_norm_eps, layer.causal,
+                 layer.variant)] = layer
 
 
 def _layer_for(weights, num_heads, eps, causal, variant):

@@ -9,10 +9,10 @@
                               (transformers' AttentionInterface), for models that route
                               attention through it (grouped-query heads are repeated)
 
-A patched block computes exactly what the module computes in inference (dropout off). On a
-CPU variant its parameter tensors are read in place, so loading new weights into the model
-is seen; a GPU variant copies them to the device when patched (patch again after loading
-new weights). Only BERT's block exactly is patched (its submodules and nothing else), not
+A patched block computes exactly what the module computes in inference (dropout off). Its
+weight matrices are prepared when it is patched (transposed; on a GPU copied to the device),
+and prepared again at the next call after new weights are loaded into the model in place
+(load_state_dict copies into the parameters: their version moves). Only BERT's block exactly is patched (its submodules and nothing else), not
 a relative with more in it (e.g. Nystromformer's convolution). Padded
 batches (right padding, transformers' default) are computed without their padding: a
 patched BertLayer packs the real tokens, runs its attention as the packed fused layer and

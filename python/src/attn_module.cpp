@@ -134,7 +134,7 @@ public:
             arrays_.push_back(nb::cast<Array>(weights[name]));
             w.*member = floats(name, arrays_.back());
         }
-        nb::gil_scoped_release release;  // a GPU variant uploads the weights here
+        nb::gil_scoped_release release;  // the weight matrices are prepared (and uploaded to a GPU) here
         attention_ = std::make_unique<attn::Attention>(config, w, variant);
     }
 

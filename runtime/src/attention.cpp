@@ -1,5 +1,6 @@
 // attn::Attention over a padded batch: validate, bind the weights (prepared once: transposed,
-// and uploaded for a GPU variant; rounded or quantized in bf16 and int8), call the fused layer. Packed batches: packed.cpp; the stages: stages.cpp.
+// and uploaded for a GPU variant; rounded or quantized in bf16 and int8), call the fused
+// layer. Packed batches: packed.cpp; the stages: stages.cpp.
 #include "attn/attention.h"
 #include "attn/function_calls.h"
 #include "attn/internal.h"
@@ -37,8 +38,8 @@ const VariantInfo &reduced_variant(const Config &config, const std::string &name
         const std::vector<const VariantInfo *> with = precision_variants(p.precision);
         if (std::none_of(with.begin(), with.end(), [&](const VariantInfo *w) { return w->name == name; }))
             throw Error("variant", "'" + name + "' has no " + precision + " layer (precision " + precision +
-                                       "): it does not provide " + p.layer + " and does not provide " +
-                                       p.packed_layer + "; the variants that do: " + variants_providing(p.layer, p));
+                                       "): it does not provide " + p.layer + " and does not provide " + p.packed_layer +
+                                       "; the variants that do: " + variants_providing(p.layer, p));
         check_computes_natively(v, config);
         return v;
     }
@@ -129,7 +130,7 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     auto y_buffer = pipeline::halide_view(y);
     Halide::Runtime::Buffer<float> probs_buffer;
     if (want_probs) probs_buffer = pipeline::halide_view(probs);
-    pipeline::Call call(want_probs        ? "attention_layer_probs"
+    pipeline::Call call(want_probs         ? "attention_layer_probs"
                         : reduced_weights_ ? reduced_precision(config_.precision).layer
                                            : "attention_layer",
                         variant, pipeline::extents(batch, s_q, s_k, heads, hidden));

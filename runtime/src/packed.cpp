@@ -126,9 +126,9 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     std::unique_ptr<pipeline::WeightBuffers> given;  // a bf16 or int8 layer's vectors
     pipeline::WeightBuffers &w =
         prepared ? prepared->weights : *(given = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
-    pipeline::Call call(want_probs       ? "attention_layer_packed_probs"
+    pipeline::Call call(want_probs         ? "attention_layer_packed_probs"
                         : reduced_weights_ ? reduced_precision(config_.precision).packed_layer
-                                        : "attention_layer_packed",
+                                           : "attention_layer_packed",
                         variant, pipeline::extents(batch, longest, longest, heads, hidden));
     if (reduced_weights_) {
         call.weights(w, *reduced_weights_);
@@ -215,9 +215,8 @@ detail::FunctionCall detail::packed_layer_call(bool with_probs, Precision precis
         const Config config = config_of(c);
         auto exact = reference::attention_layer_packed<double>(config, in.weights, inputs);
         std::vector<double> allowance = std::move(exact.allowance);
-        CallReference r = layer_reference(std::move(exact),
-                                          reference::attention_layer_packed<float>(config, in.weights, inputs),
-                                          with_probs);
+        CallReference r = layer_reference(
+            std::move(exact), reference::attention_layer_packed<float>(config, in.weights, inputs), with_probs);
         r.allowance[0] = std::move(allowance);
         return r;
     };

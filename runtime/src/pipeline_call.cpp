@@ -173,9 +173,9 @@ WeightBuffers::WeightBuffers(const LayerWeights &w, bool projections, bool outpu
 }
 
 void WeightBuffers::drop_matrices() {
-    weights.erase(std::remove_if(weights.begin(), weights.end(),
-                                 [](const Weight &w) { return w.buffer.dimensions() == 2; }),
-                  weights.end());
+    weights.erase(
+        std::remove_if(weights.begin(), weights.end(), [](const Weight &w) { return w.buffer.dimensions() == 2; }),
+        weights.end());
 }
 
 Call::Call(const std::string &function, const VariantInfo &variant, const ProblemExtents &extents)
@@ -290,7 +290,8 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
             // weight_scales (out, quantity, projection): this matrix's is projection matrices.size() - 1.
             scales.resize(std::size_t(out) * 2 * matrices.size());
             float *own = scales.data() + std::size_t(out) * 2 * (matrices.size() - 1);
-            for (int64_t o = 0; o < out; ++o) own[o] = q.scales[std::size_t(o)], own[out + o] = float(q.sums[std::size_t(o)]);
+            for (int64_t o = 0; o < out; ++o)
+                own[o] = q.scales[std::size_t(o)], own[out + o] = float(q.sums[std::size_t(o)]);
         } else {
             auto *bits = reinterpret_cast<uint16_t *>(m.bytes.data());
             for (int64_t o = 0; o < out; ++o)
@@ -300,7 +301,8 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
         const halide_type_t type = int8 ? halide_type_t(halide_type_int, 8) : halide_type_t(halide_type_bfloat, 16);
         m.buffer = Halide::Runtime::Buffer<void>(type, m.bytes.data(), 2, dims);
     }
-    if (int8) weight_scales = Halide::Runtime::Buffer<float>(scales.data(), int32_t(hidden), 2, int32_t(matrices.size()));
+    if (int8)
+        weight_scales = Halide::Runtime::Buffer<float>(scales.data(), int32_t(hidden), 2, int32_t(matrices.size()));
 }
 
 }  // namespace attn::detail

@@ -190,7 +190,7 @@ struct ReducedWeights {
         Halide::Runtime::Buffer<void> buffer;  // over bytes
     };
     std::vector<Matrix> matrices;
-    std::vector<float> scales;             // int8: weight_scales' data
+    std::vector<float> scales;                     // int8: weight_scales' data
     Halide::Runtime::Buffer<float> weight_scales;  // int8: over scales
     ReducedWeights(const LayerWeights &w, const VariantInfo &variant, Precision precision);
     ReducedWeights(const ReducedWeights &) = delete;

@@ -78,7 +78,7 @@ std::deque<Entry> &entries() {
     static std::deque<Entry> table = [] {
         std::map<std::string, detail::FunctionTable> functions;  // by variant name
 #define ATTN_COMPILED(source, isa, function, max_seq, symbol) \
-    functions[#source "_" #isa][#function].push_back(                 \
+    functions[#source "_" #isa][#function].push_back(         \
         {max_seq, symbol##_argv, symbol##_metadata, gpu_max_registers(#source)});
 #include "attn/generated/compiled_functions.inc"
 #undef ATTN_COMPILED
@@ -136,11 +136,14 @@ struct DefaultChoice {
     const manifest::MeasuredOrder *measured = nullptr;  // the measurement it comes from, if any
 };
 
-// The first runnable compiled variant of `order`, if any.
-const Entry *first_runnable(const manifest::Names &order) {
+// The first runnable compiled variant of `order`, if any; `dispatched`: only of those a
+// default may be (a dispatch rank and priority: no GPU, no autoscheduled source).
+const Entry *first_runnable(const manifest::Names &order, bool dispatched = false) {
     for (const char *name : order) {
         for (const Entry &e : entries()) {
-            if (e.info.name == name && e.info.runnable && !e.registered) return &e;
+            if (e.info.name == name && e.info.runnable && !e.registered &&
+                (!dispatched || (e.dispatch_rank && e.dispatch_priority)))
+                return &e;
         }
     }
     return nullptr;
@@ -154,10 +157,12 @@ const char *shape_class_of(int64_t seq) {
     return "";
 }
 
-// The measured pick of a shape class, if the measurement ranked it and one of its order runs.
+// The measured pick of a shape class: the first of its ranking that runs here and is a
+// hand-written or tuned CPU variant (those provide every layer function, and read the same
+// prepared weights); null if the class was not ranked or none of its ranking qualifies.
 const Entry *class_pick(const manifest::MeasuredOrder &m, const std::string &shape_class) {
     for (const manifest::ClassOrder &c : m.classes) {
-        if (shape_class == c.shape_class) return first_runnable(c.order);
+        if (shape_class == c.shape_class) return first_runnable(c.order, true);
     }
     return nullptr;
 }
@@ -189,10 +194,13 @@ DefaultChoice choose_default() {
             const Entry *pick = class_pick(m, c.name);
             by_class += std::string(by_class.empty() ? "" : ", ") + c.name +
                         (c.max_seq ? " (max(S_q, S_k) <= " + std::to_string(c.max_seq) + ")" : std::string()) + " " +
-                        (pick ? pick->info.name : e->info.name + " (the class was not ranked)");
+                        (pick ? pick->info.name : e->info.name + " (no variant of the class's ranking qualifies)");
         }
-        return {e, reason + "; an Attention made without naming a variant runs each call with the closest of "
-                            "its shape class's problems: " + by_class,
+        return {e,
+                reason +
+                    "; an Attention made without naming a variant runs each call with the closest of "
+                    "its shape class's problems: " +
+                    by_class,
                 &m};
     }
     rule.reason = "by rule, as no measurement in generated/dispatch.json is of this CPU (" + model + ") with " +
@@ -266,8 +274,7 @@ std::vector<const VariantInfo *> precision_variants(Precision precision) {
     std::vector<const VariantInfo *> out;
     for (const VariantInfo &v : variants()) {
         if (precision == Precision::fp32 ||
-            std::find(v.functions.begin(), v.functions.end(), reduced_precision(precision).layer) !=
-                v.functions.end())
+            std::find(v.functions.begin(), v.functions.end(), reduced_precision(precision).layer) != v.functions.end())
             out.push_back(&v);
     }
     return out;

@@ -81,16 +81,30 @@ def test_layers_are_found_by_their_weights_weakly():
     assert alive() is None, "the operators' table keeps a layer (and its weights) alive"
 
 
-def test_weights_changed_in_place_are_honoured_through_torch():
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_weights_changed_in_place_are_prepared_again(precision):
     # The layer prepared its matrices when it was made; torch weights changed in place since
-    # then are found by their new version, and the call runs a layer of them.
-    layer, w, x = layer_and_input()
+    # (their version moved) are prepared again at the next call, in the layer's own precision,
+    # on every path: dense, and packed with the probabilities (which leaves torch's operator).
+    w = random_weights(HIDDEN)
+    x = torch.randn(2, 11, HIDDEN, generator=torch.Generator().manual_seed(3))
+    offsets = torch.tensor([0, 4, 11], dtype=torch.int32)
+    layer = attn.AttentionLayer(*(w[n] for n in attn._WEIGHTS), num_heads=HEADS, layer_norm_eps=EPS,
+                                precision=precision, allow_storage_only=True)
     before = layer(x)
     with torch.no_grad():
         w["w_v"].mul_(-0.5)
         w["w_o"].add_(0.01)
-    check(layer(x), x, w, "after changing w_v and w_o in place")
-    assert not torch.allclose(layer(x), before)
+    fresh = attn.AttentionLayer(*(w[n] for n in attn._WEIGHTS), num_heads=HEADS, layer_norm_eps=EPS,
+                                precision=precision, allow_storage_only=True, variant=layer.variant)
+    after = layer(x)
+    assert layer.precision == precision and torch.equal(after, fresh(x)) and not torch.allclose(after, before)
+    if precision == "fp32":
+        check(after, x, w, "after changing w_v and w_o in place")
+    probs = precision == "fp32"  # (a reduced precision has no probabilities)
+    packed = x[0, :11]
+    assert all(map(torch.equal, layer(packed, cu_seqlens=offsets, output_attentions=probs),
+                   fresh(packed, cu_seqlens=offsets, output_attentions=probs)))
 
 
 def test_packed_sequences_match_each_sequence_alone():

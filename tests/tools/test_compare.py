@@ -88,6 +88,7 @@ check(sorted(entry["order"]) == variants_timed and entry["time_over_fastest"][0]
 # long ranks nothing.
 short = dispatch.shape_class("b1_s128_h384_n12", manifest_lib.load())
 check(short == "short" and dispatch.shape_class("b1_s2048_h768_n12", manifest_lib.load()) == "long"
+      and dispatch.shape_class("b1_s128_k2048_h768_n12_cross", manifest_lib.load()) == "long"
       and list(entry["classes"]) == [short] and entry["classes"][short]["order"] == entry["order"],
       f"dispatch by shape class: {entry['classes']}")
 

@@ -65,7 +65,7 @@ struct TensorView {
 };
 using ConstTensor = TensorView<const float>;
 using MutableTensor = TensorView<float>;
-using MaskTensor = TensorView<const uint8_t>;     // 1 = real token, 0 = padding
+using MaskTensor = TensorView<const uint8_t>;    // 1 = real token, 0 = padding
 using OffsetTensor = TensorView<const int32_t>;  // packed sequences' offsets (host memory)
 
 // Views over a container's storage, e.g. attn::view(std::vector<float>&, {B, S, H}).
@@ -145,8 +145,8 @@ struct PackedInputs {
     ConstTensor x;                  // [T, H]: every sequence's tokens, one sequence after another
     OffsetTensor sequence_offsets;  // [B + 1], cu_seqlens: 0 = o_0 <= ... <= o_B = T; sequence b is rows
                                     // [o_b, o_{b+1}); empty sequences allowed; host memory
-    ConstTensor bias;  // [heads or 1, S_max, S_max] added to the score of positions (i, j) within each
-                       // sequence, S_max >= the longest sequence (relative positions, ALiBi); empty: none
+    ConstTensor bias;               // [heads or 1, S_max, S_max] added to the score of positions (i, j) within each
+                                    // sequence, S_max >= the longest sequence (relative positions, ALiBi); empty: none
 };
 
 // A padded batch's real tokens, packed (attn::pack), as the vectors PackedInputs views.
@@ -156,8 +156,9 @@ struct PackedBatch {
     int64_t hidden = 0;
     int64_t tokens() const { return hidden > 0 ? int64_t(x.size()) / hidden : 0; }
     PackedInputs inputs() const {
-        return {{x.data(), x.size(), {tokens(), hidden}}, {sequence_offsets.data(), sequence_offsets.size(),
-                                                           {int64_t(sequence_offsets.size())}}, {}};
+        return {{x.data(), x.size(), {tokens(), hidden}},
+                {sequence_offsets.data(), sequence_offsets.size(), {int64_t(sequence_offsets.size())}},
+                {}};
     }
 };
 // The elements of forward_packed's probabilities for these sequences: the sum over them
@@ -312,7 +313,7 @@ void synchronize(const VariantInfo &variant);
 namespace detail {
 struct PreparedWeights;
 struct ReducedWeights;
-}
+}  // namespace detail
 
 class Attention {
 public:
@@ -321,7 +322,8 @@ public:
     // a device-memory one to the host for it), and on a GPU every weight then copied to the
     // device (a device-memory vector is read in place). The object keeps that copy: later
     // changes to the caller's matrices are not seen. So do bf16 and int8
-    // (config.precision), which round or quantize the four matrices here (host memory). With a reduced precision and no variant named, the variant is the one of the
+    // (config.precision), which round or quantize the four matrices here (host memory).
+    // With a reduced precision and no variant named, the variant is the one of the
     // widest ISA this CPU runs that computes in it natively, or, if
     // config.allow_storage_only, one that gives its results without the instructions; a
     // variant without the precision, or one without its instructions when that is not
@@ -357,7 +359,7 @@ private:
     const VariantInfo *variant_;
     bool by_shape_class_ = false;  // fp32, no variant named: each call's shape class picks
     std::shared_ptr<detail::PreparedWeights> prepared_weights_;  // fp32: transposed (and on a GPU's device)
-    std::shared_ptr<detail::ReducedWeights> reduced_weights_;  // bf16, int8: the matrices rounded or quantized
+    std::shared_ptr<detail::ReducedWeights> reduced_weights_;    // bf16, int8: the matrices rounded or quantized
 };
 
 // The stages of the layer, each its own AOT pipeline; shapes as in DESIGN.md. In
