@@ -294,6 +294,13 @@ def _check_core_inputs(q, k, v):
 CORE_PRECISIONS = ("fp32", "bf16")
 
 
+def _check_core_precision(precision):
+    """The attention core's precisions: int8 is one of the whole layer's (AttentionLayer)."""
+    if precision not in CORE_PRECISIONS:
+        raise ValueError(f"precision: expected one of {', '.join(map(repr, CORE_PRECISIONS))} (int8 is a "
+                         f"precision of the whole layer, AttentionLayer), got {precision!r}")
+
+
 def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale=None, *, key_padding_mask=None,
                                  variant=None, precision="fp32", allow_storage_only=False):
     """torch.nn.functional.scaled_dot_product_attention (inference), on the attention core.
@@ -314,9 +321,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     torch.bfloat16 q, k and v (a model in bf16) are taken too, in either precision: widened to
     float32 (exact), and the output rounded back to bfloat16.
     """
-    if precision not in CORE_PRECISIONS:
-        raise ValueError(f"precision: expected one of {', '.join(map(repr, CORE_PRECISIONS))} (int8 is a "
-                         f"precision of the whole layer, AttentionLayer), got {precision!r}")
+    _check_core_precision(precision)
     bfloat16 = _is_torch(q) and q.dtype == _torch().bfloat16
     if bfloat16:
         q, k, v = _widened("q", q), _widened("k", k), _widened("v", v)

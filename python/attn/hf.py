@@ -12,8 +12,9 @@
 A patched block computes exactly what the module computes in inference (dropout off). Its
 weight matrices are prepared when it is patched (transposed; on a GPU copied to the device),
 and prepared again at the next call after new weights are loaded into the model in place
-(load_state_dict copies into the parameters: their version moves). Only BERT's block exactly is patched (its submodules and nothing else), not
-a relative with more in it (e.g. Nystromformer's convolution). Padded
+(load_state_dict copies into the parameters: their version moves). Only BERT's block
+exactly is patched (its submodules and nothing else), not a relative with more in it (e.g.
+Nystromformer's convolution). Padded
 batches (right padding, transformers' default) are computed without their padding: a
 patched BertLayer packs the real tokens, runs its attention as the packed fused layer and
 its own feed-forward on them, and scatters the result back, so that its outputs at padded
@@ -29,7 +30,7 @@ import warnings
 
 import torch
 
-from . import CORE_PRECISIONS, AttentionLayer, scaled_dot_product_attention
+from . import AttentionLayer, _check_core_precision, scaled_dot_product_attention
 
 _LAYER = "_attn_layer"
 _PREVIOUS = "_attn_previous_forward"  # an instance's own forward attribute before patch() (a hook's)
@@ -216,8 +217,7 @@ def register(name="attn", precision="fp32", allow_storage_only=False):
     (scaled_dot_product_attention's precision); a model in torch.bfloat16 works in either."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    if precision not in CORE_PRECISIONS:
-        raise ValueError(f"precision: expected one of {', '.join(map(repr, CORE_PRECISIONS))}, got {precision!r}")
+    _check_core_precision(precision)
 
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         return attention_forward(module, query, key, value, attention_mask, scaling, dropout, precision=precision,

@@ -128,7 +128,8 @@ def test_registered_attention_in_bf16(monkeypatch):
     # against its reference), and the model stayed near its fp32 self.
     assert precisions == ["bf16", "bf16"]
     assert float((actual - expected).abs().max()) < 5e-2
-    with pytest.raises(ValueError, match="precision: expected one of 'fp32', 'bf16', got 'int8'"):
+    with pytest.raises(ValueError, match=r"precision: expected one of 'fp32', 'bf16' \(int8 is a precision of the "
+                                         r"whole layer, AttentionLayer\), got 'int8'"):
         attn.hf.register("attn_int8", precision="int8")
 
 
