@@ -86,7 +86,7 @@ QuantizedRows quantized_to_u8(const std::string &name, Func in, Expr features) {
 }
 
 Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr features, Expr tokens, Func rows,
-              WeightLayout layout, Precision precision, const Int8Operands &int8) {
+              WeightLayout layout, Precision precision, const Int8Operands &int8, Type out_type) {
     const Var &out = dims.hidden, &s = dims.seq, &b = dims.batch;
     Linear l;
     l.input = in;
@@ -127,13 +127,13 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
     if (!result.defined()) result = l.product(out, s, b);
     l.out = Func{name};
     if (!rows.defined()) {
-        l.out(out, s, b) = result + bias(out);
+        l.out(out, s, b) = cast(out_type, result + bias(out));
         return l;
     }
     l.row = RDom(0, tokens, name + "_row");
     l.row.where(l.row < rows(b));
-    l.out(out, s, b) = undef<float>();
-    l.out(out, l.row, b) = substitute(s, l.row.x, result) + bias(out);
+    l.out(out, s, b) = undef(out_type);
+    l.out(out, l.row, b) = cast(out_type, substitute(s, l.row.x, result) + bias(out));
     return l;
 }
 
@@ -523,7 +523,10 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         q_int8 = {l.x_quantized, scales_of(0)};
         kv_int8.rows = l.kv_quantized;
     }
-    l.q = linear("q", x, in.w_q, in.b_q, in.hidden, q_rows, Func(), in.weight_layout, in.precision, q_int8);
+    // A bf16 flash core reads Q, K and V rounded to bf16: the projections store them so,
+    // rounded once as they are computed (the same rounding), half the bytes to write and read.
+    const Type qkv_type = !in.output_probs && in.core_precision == Precision::bf16 ? BFloat(16) : Float(32);
+    l.q = linear("q", x, in.w_q, in.b_q, in.hidden, q_rows, Func(), in.weight_layout, in.precision, q_int8, qkv_type);
     Func kv_rows{"kv_rows"};  // the flash core reads K and V up to the chunk holding each batch's last real key
     if (!in.output_probs && !packed) {
         l.key_end = last_real_key(in.key_padding_mask, in.s_k);
@@ -531,9 +534,11 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         kv_rows(dims.batch) = min((l.key_end(dims.batch) + C - 1) / C * C, in.s_k);
     }
     if (in.precision == Precision::int8) kv_int8.weight = scales_of(1);
-    l.k = linear("k", kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8);
+    l.k = linear("k", kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8,
+                 qkv_type);
     if (in.precision == Precision::int8) kv_int8.weight = scales_of(2);
-    l.v = linear("v", kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8);
+    l.v = linear("v", kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8,
+                 qkv_type);
     l.q_heads = split_heads("q_heads", l.q.out, head_dim);
     l.k_heads = split_heads("k_heads", l.k.out, head_dim);
     l.v_heads = split_heads("v_heads", l.v.out, head_dim);

@@ -100,10 +100,10 @@ struct Linear {
     // a schedule vectorizes over (pair, out) for vdpbf16ps; int8 likewise in quads,
     // (quad, out, in_quad), for vpdpbusd.
     Halide::Func weight_transposed;
-    WeightLayout weight_layout;  // transposed: weight_transposed only reads the weight
+    WeightLayout weight_layout;  // transposed, grouped: weight_transposed only reads the weight
     Precision precision;
     Halide::Func product;  // (out, seq, batch): Σ_k in · Wᵀ, the GEMM (int8: in i32)
-    Halide::Func out;      // (out, seq, batch): product + bias (int8: dequantized first)
+    Halide::Func out;      // (out, seq, batch): product + bias (int8: dequantized first), in out_type
     Halide::RDom k;        // fp32: (k); bf16: (pair, in_pair), the feature 2·in_pair + pair; int8: (quad, in_quad)
     Halide::RDom row;      // the rows computed, when only some are; else undefined
 };
@@ -114,7 +114,8 @@ struct Int8Operands {
 };
 Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Halide::Func bias, Halide::Expr features,
               Halide::Expr tokens, Halide::Func rows = Halide::Func(), WeightLayout layout = WeightLayout::linear,
-              Precision precision = Precision::fp32, const Int8Operands &int8 = Int8Operands());
+              Precision precision = Precision::fp32, const Int8Operands &int8 = Int8Operands(),
+              Halide::Type out_type = Halide::Float(32));
 
 // in rounded to bf16 (to nearest even), as the bf16 GEMMs take their activations:
 // (feature, seq, batch) of a (feature, seq, batch) Func of `features` features; past them,
