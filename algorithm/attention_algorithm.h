@@ -92,7 +92,8 @@ struct WeightScales {
 // next even feature). In int8, `in` is the caller's QuantizedRows' values (read up to the
 // next multiple of 4 features),
 // `weight` int8, and out = step · scale ·
-// (product − zero · sum) + bias, the integer part exact.
+// (product − zero · sum) + bias, the integer part exact. `out` is stored as `out_type`
+// (bf16 for the Q, K and V a bf16 flash core reads: rounded once, where computed).
 struct Linear {
     Halide::Func input;  // (in, seq, batch): what is projected
     // fp32: (out, in), which lets a schedule vectorize over output features. bf16:
@@ -232,7 +233,8 @@ Halide::Func last_real_key(Halide::Func key_padding_mask, Halide::Expr s_k);
 // batch's last real key; a query block wholly past query_end(b), when given (the end of
 // a packed sequence), visits none. Masks and the bias apply per score as in MaskedSoftmax.
 //
-// In bf16 (precision), Q, K and V are rounded to bf16 as the core reads them, and so are
+// In bf16 (precision), Q, K and V are rounded to bf16 as the core reads them (the fused bf16
+// and int8 layers' projections store them already rounded: the casts are then no-ops), and so are
 // the exponentials, which P·V and the sums take as rounded: QKᵀ sums pairs of head
 // features and P·V pairs of keys, bf16 products summed in f32 (vdpbf16ps where the target
 // has it). The exponentials are taken from the block's max rounded up to a multiple of ln 2
