@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <vector>
 
 // The compiled functions' headers (the table's macros are left undefined: only the includes).
 #include "attn/generated/compiled_functions.inc"
@@ -133,7 +134,9 @@ namespace {
 struct DefaultChoice {
     const Entry *entry = nullptr;
     std::string reason;
-    const manifest::MeasuredOrder *measured = nullptr;  // the measurement it comes from, if any
+    // Per shape class (manifest::kShapeClasses, in order): the measured pick, null where
+    // there is none (then `entry`). Derived once, with the default.
+    std::vector<const Entry *> class_picks;
 };
 
 // The first runnable compiled variant of `order`, if any; `dispatched`: only of those a
@@ -147,14 +150,6 @@ const Entry *first_runnable(const manifest::Names &order, bool dispatched = fals
         }
     }
     return nullptr;
-}
-
-// The shape class of a call of max(S_q, S_k) = `seq` (manifest.json: the first whose bound holds).
-const char *shape_class_of(int64_t seq) {
-    for (const manifest::ShapeClass &c : manifest::kShapeClasses) {
-        if (c.max_seq == 0 || seq <= c.max_seq) return c.name;
-    }
-    return "";
 }
 
 // The measured pick of a shape class: the first of its ranking that runs here and is a
@@ -190,8 +185,9 @@ DefaultChoice choose_default() {
                              std::string(m.source) + " (" + m.date + "), on this CPU model (" + model + ") with " +
                              widest + " its widest instruction set";
         std::string by_class;
+        std::vector<const Entry *> picks;
         for (const manifest::ShapeClass &c : manifest::kShapeClasses) {
-            const Entry *pick = class_pick(m, c.name);
+            const Entry *pick = picks.emplace_back(class_pick(m, c.name));
             by_class += std::string(by_class.empty() ? "" : ", ") + c.name +
                         (c.max_seq ? " (max(S_q, S_k) <= " + std::to_string(c.max_seq) + ")" : std::string()) + " " +
                         (pick ? pick->info.name : e->info.name + " (no variant of the class's ranking qualifies)");
@@ -201,7 +197,7 @@ DefaultChoice choose_default() {
                     "; an Attention made without naming a variant runs each call with the closest of "
                     "its shape class's problems: " +
                     by_class,
-                &m};
+                std::move(picks)};
     }
     rule.reason = "by rule, as no measurement in generated/dispatch.json is of this CPU (" + model + ") with " +
                   widest + " measured: the widest instruction set (" + widest +
@@ -218,8 +214,13 @@ const DefaultChoice &default_choice() {
 
 const VariantInfo &default_variant_for(int64_t seq) {
     const DefaultChoice &c = default_choice();
-    if (c.measured) {
-        if (const Entry *pick = class_pick(*c.measured, shape_class_of(seq))) return pick->info;
+    // The call's shape class: the first whose bound holds (manifest.json).
+    for (std::size_t i = 0; i < c.class_picks.size(); ++i) {
+        const int max_seq = manifest::kShapeClasses[i].max_seq;
+        if (max_seq == 0 || seq <= max_seq) {
+            if (c.class_picks[i]) return c.class_picks[i]->info;
+            break;
+        }
     }
     return select_variant();
 }
