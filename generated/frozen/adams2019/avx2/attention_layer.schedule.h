@@ -155,7 +155,7 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx2(
         .reorder({hiddeni, hidden, seqiii, in_feature_xii, in_feature_xi, seqii, in_feature_x, in_feature_y, seqi, seq, batch})
         .parallel(seq);
     w_o_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -241,7 +241,7 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx2(
         .reorder({hiddeni, v_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     v_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -331,39 +331,38 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx2(
         .reorder({hiddeni, q_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     q_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
         .reorder({hiddeni, hidden, in_featurei, in_feature})
         .parallel(in_feature);
     keys
-        .split(head_dim, head_dim, head_dimi, 22, TailStrategy::ShiftInwards)
         .split(head, head, headi, 6, TailStrategy::ShiftInwards)
         .split(key, key, keyi, 264, TailStrategy::ShiftInwards)
         .split(headi, headi, headii, 3, TailStrategy::ShiftInwards)
         .split(keyi, keyi, keyii, 8, TailStrategy::ShiftInwards)
         .vectorize(keyii)
         .compute_root()
-        .reorder({keyii, keyi, head_dimi, headii, key, headi, head_dim, head, batch})
-        .fuse(head_dim, head, head_dim)
-        .parallel(head_dim);
+        .reorder({keyii, keyi, head_dim, headii, key, headi, head, batch})
+        .parallel(head);
     k_heads
         .store_in(MemoryType::Stack)
-        .split(head_dim, head_dim, head_dimi, 8, TailStrategy::ShiftInwards)
-        .vectorize(head_dimi)
-        .compute_at(keys, key)
-        .reorder({head_dimi, head_dim, head, seq, batch});
+        .split(seq, seq, seqi, 8, TailStrategy::RoundUp)
+        .vectorize(seqi)
+        .compute_at(keys, head_dim)
+        .store_at(keys, key)
+        .reorder({seqi, seq, head_dim, head, batch})
+        .reorder_storage(seq, head_dim, head, batch);
     k
         .store_in(MemoryType::Stack)
-        .split(hidden, hidden, hiddeni, 8, TailStrategy::RoundUp)
-        .vectorize(hiddeni)
-        .compute_at(k_heads, head_dim)
-        .reorder({hiddeni, hidden, seq, batch});
+        .split(seq, seq, seqi, 8, TailStrategy::RoundUp)
+        .vectorize(seqi)
+        .compute_at(keys, head_dim)
+        .reorder({seqi, seq, hidden, batch})
+        .reorder_storage(seq, hidden, batch);
     k.update(0)
-        .split(hidden, hidden, hiddeni, 8, TailStrategy::GuardWithIf)
-        .vectorize(hiddeni)
-        .reorder({hiddeni, hidden, k_row_x, batch});
+        .reorder({k_row_x, hidden, batch});
     kv_rows
         .split(batch, batch, batchi, 8, TailStrategy::RoundUp)
         .vectorize(batchi)

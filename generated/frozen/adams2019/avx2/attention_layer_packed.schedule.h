@@ -86,7 +86,6 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx2(
     Var seqii("seqii");
     RVar e_x(dot.update(0).get_schedule().dims()[0].var);
     RVar in_feature_x(projection.update(0).get_schedule().dims()[0].var);
-    RVar in_feature_xi("in_feature$xi");
     RVar in_feature_y(projection.update(0).get_schedule().dims()[1].var);
     RVar k_k_x(k_product.update(0).get_schedule().dims()[0].var);
     RVar key_blocks_x(running.update(0).get_schedule().dims()[0].var);
@@ -141,17 +140,15 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx2(
         .parallel(hidden);
     projection.update(0)
         .split(hidden, hidden, hiddeni, 384, TailStrategy::GuardWithIf)
-        .split(in_feature_x, in_feature_x, in_feature_xi, 4, TailStrategy::GuardWithIf)
         .split(hiddeni, hiddeni, hiddenii, 8, TailStrategy::GuardWithIf)
         .vectorize(hiddenii)
-        .reorder({hiddenii, seq, in_feature_xi, in_feature_x, in_feature_y, hiddeni, hidden, batch})
+        .reorder({hiddenii, seq, in_feature_x, in_feature_y, hiddeni, hidden, batch})
         .parallel(hidden);
     w_o_t
         .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
-        .compute_at(projection, in_feature_xi)
-        .store_at(projection, in_feature_x)
+        .compute_at(projection, in_feature_x)
         .reorder({hiddeni, hidden, in_feature});
     packed_ctx
         .split(head, head, headi, 3, TailStrategy::ShiftInwards)
@@ -251,7 +248,7 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx2(
         .reorder({hiddeni, v_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     v_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()

@@ -78,7 +78,6 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_avx2(
     RVar e_x(dot.update(0).get_schedule().dims()[0].var);
     RVar e_xi("e$xi");
     RVar in_feature_x(projection.update(0).get_schedule().dims()[0].var);
-    RVar in_feature_xi("in_feature$xi");
     RVar in_feature_y(projection.update(0).get_schedule().dims()[1].var);
     RVar j_x(row_sum.update(0).get_schedule().dims()[0].var);
     RVar k_k_x(k_product.update(0).get_schedule().dims()[0].var);
@@ -131,17 +130,15 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_avx2(
         .parallel(hidden);
     projection.update(0)
         .split(hidden, hidden, hiddeni, 384, TailStrategy::GuardWithIf)
-        .split(in_feature_x, in_feature_x, in_feature_xi, 4, TailStrategy::GuardWithIf)
         .split(hiddeni, hiddeni, hiddenii, 8, TailStrategy::GuardWithIf)
         .vectorize(hiddenii)
-        .reorder({hiddenii, seq, in_feature_xi, in_feature_x, in_feature_y, hiddeni, hidden, batch})
+        .reorder({hiddenii, seq, in_feature_x, in_feature_y, hiddeni, hidden, batch})
         .parallel(hidden);
     w_o_t
         .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
-        .compute_at(projection, in_feature_xi)
-        .store_at(projection, in_feature_x)
+        .compute_at(projection, in_feature_x)
         .reorder({hiddeni, hidden, in_feature});
     packed_ctx
         .split(head, head, headi, 3, TailStrategy::ShiftInwards)
@@ -207,7 +204,7 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_avx2(
         .reorder({hiddeni, v_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     v_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -258,37 +255,53 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_avx2(
     dot.update(0)
         .split(query, query, queryi, 43, TailStrategy::GuardWithIf)
         .split(e_x, e_x, e_xi, 16, TailStrategy::GuardWithIf)
+        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
         .split(key, key, keyi, 8, TailStrategy::GuardWithIf)
         .vectorize(keyi)
-        .reorder({keyi, e_xi, key, queryi, e_x, head, query, batch})
+        .reorder({keyi, e_xi, key, queryi, headi, e_x, head, query, batch})
         .fuse(query, batch, query)
         .parallel(query);
     q_by_sequence
         .store_in(MemoryType::Stack)
-        .split(head_dim, head_dim, head_dimi, 8, TailStrategy::ShiftInwards)
-        .vectorize(head_dimi)
+        .split(head, head, headi, 8, TailStrategy::GuardWithIf)
+        .vectorize(headi)
         .compute_at(dot, queryi)
-        .reorder({head_dimi, head_dim, head, seq, batch});
+        .store_at(dot, e_x)
+        .reorder({headi, head, head_dim, seq, batch})
+        .reorder_storage(head, head_dim, seq, batch);
+    q_heads
+        .split(head_dim, head_dim, head_dimi, 22, TailStrategy::ShiftInwards)
+        .split(head, head, headi, 6, TailStrategy::ShiftInwards)
+        .split(seq, seq, seqi, 16, TailStrategy::ShiftInwards)
+        .split(seqi, seqi, seqii, 8, TailStrategy::ShiftInwards)
+        .vectorize(seqii)
+        .compute_root()
+        .reorder({seqii, seqi, head_dimi, seq, headi, head_dim, head, batch})
+        .fuse(head_dim, head, head_dim)
+        .parallel(head_dim)
+        .reorder_storage(seq, head_dim, head, batch);
+    q
+        .store_in(MemoryType::Stack)
+        .split(seq, seq, seqi, 8, TailStrategy::ShiftInwards)
+        .vectorize(seqi)
+        .compute_at(q_heads, seqi)
+        .reorder({seqi, seq, hidden, batch})
+        .reorder_storage(seq, hidden, batch);
     q_product
-        .split(seq, seq, seqi, 32, TailStrategy::RoundUp)
+        .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .compute_root()
-        .reorder({hiddeni, hidden, seqi, seq, batch})
-        .parallel(seq);
+        .compute_at(q_heads, seq)
+        .reorder({hiddeni, hidden, seq, batch});
     q_product.update(0)
-        .split(seq, seq, seqi, 32, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
-        .reorder({hiddeni, q_k_x, hidden, seqi, seq, batch})
-        .parallel(seq);
+        .reorder({hiddeni, q_k_x, hidden, seq, batch});
     q_weight_t
-        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
-        .compute_root()
-        .reorder({hiddeni, hidden, in_featurei, in_feature})
-        .parallel(in_feature);
+        .compute_at(q_heads, headi)
+        .reorder({hiddeni, hidden, in_feature});
     key_transposed
         .store_in(MemoryType::Stack)
         .split(key, key, keyi, 8, TailStrategy::ShiftInwards)

@@ -135,7 +135,7 @@ inline void apply_schedule_attn_attention_layer_probs_adams2019_avx2(
         .reorder({hiddeni, hidden, seqiii, in_feature_xi, in_feature_yi, seqii, in_feature_x, in_feature_y, seqi, seq, batch})
         .parallel(seq);
     w_o_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -187,7 +187,7 @@ inline void apply_schedule_attn_attention_layer_probs_adams2019_avx2(
         .reorder({hiddeni, v_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     v_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -258,7 +258,7 @@ inline void apply_schedule_attn_attention_layer_probs_adams2019_avx2(
         .reorder({hiddeni, q_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     q_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 8, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()

@@ -59,8 +59,10 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx512_zen4(
     Var head_dimi("head_dimi");
     Var head_dimii("head_dimii");
     Var headi("headi");
+    Var headii("headii");
     Var hidden(y_1.get_schedule().dims()[0].var);
     Var hiddeni("hiddeni");
+    Var hiddenii("hiddenii");
     Var in_feature(w_o_t.get_schedule().dims()[1].var);
     Var in_featurei("in_featurei");
     Var key(values.get_schedule().dims()[1].var);
@@ -86,7 +88,9 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx512_zen4(
     RVar in_feature_y(projection.update(0).get_schedule().dims()[1].var);
     RVar in_feature_yi("in_feature$yi");
     RVar k_k_x(k_product.update(0).get_schedule().dims()[0].var);
+    RVar k_k_xi("k_k$xi");
     RVar k_row_x(k.update(0).get_schedule().dims()[0].var);
+    RVar k_row_xi("k_row$xi");
     RVar key_blocks_x(running.update(0).get_schedule().dims()[0].var);
     RVar key_in_block_x(block_sum.update(0).get_schedule().dims()[0].var);
     RVar key_in_block_xi("key_in_block$xi");
@@ -155,7 +159,7 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx512_zen4(
         .reorder({hiddeni, seqii, hidden, in_feature_xi, in_feature_yi, in_feature_x, in_feature_y, seqi, seq, batch})
         .parallel(seq);
     w_o_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -254,7 +258,7 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx512_zen4(
         .reorder({hiddeni, v_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     v_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -344,34 +348,42 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx512_zen4(
         .vectorize(hiddeni)
         .reorder({hiddeni, q_k_x, hidden, seq, batch});
     q_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
         .reorder({hiddeni, hidden, in_featurei, in_feature})
         .parallel(in_feature);
     keys
-        .split(head_dim, head_dim, head_dimi, 2, TailStrategy::ShiftInwards)
-        .split(key, key, keyi, 16, TailStrategy::ShiftInwards)
+        .split(head, head, headi, 6, TailStrategy::RoundUp)
+        .split(key, key, keyi, 16, TailStrategy::RoundUp)
+        .split(headi, headi, headii, 3, TailStrategy::RoundUp)
         .vectorize(keyi)
         .compute_root()
-        .reorder({keyi, key, head_dimi, head, head_dim, batch})
-        .parallel(head_dim);
+        .reorder({keyi, head_dim, headii, key, headi, head, batch})
+        .parallel(head);
     k_heads
-        .store_in(MemoryType::Stack)
-        .split(head_dim, head_dim, head_dimi, 16, TailStrategy::RoundUp)
-        .vectorize(head_dimi)
-        .compute_at(keys, key)
-        .reorder({head_dimi, head_dim, head, seq, batch});
-    k
         .store_in(MemoryType::Stack)
         .split(seq, seq, seqi, 16, TailStrategy::RoundUp)
         .vectorize(seqi)
-        .compute_at(keys, head_dimi)
-        .reorder({seqi, seq, hidden, batch})
-        .reorder_storage(seq, hidden, batch);
+        .compute_at(keys, head_dim)
+        .store_at(keys, key)
+        .reorder({seqi, seq, head_dim, head, batch})
+        .reorder_storage(seq, head_dim, head, batch);
+    k
+        .split(hidden, hidden, hiddeni, 384, TailStrategy::RoundUp)
+        .split(hiddeni, hiddeni, hiddenii, 16, TailStrategy::RoundUp)
+        .vectorize(hiddenii)
+        .compute_root()
+        .reorder({hiddenii, hiddeni, seq, hidden, batch})
+        .parallel(hidden);
     k.update(0)
-        .reorder({k_row_x, hidden, batch});
+        .split(hidden, hidden, hiddeni, 384, TailStrategy::GuardWithIf)
+        .split(hiddeni, hiddeni, hiddenii, 16, TailStrategy::GuardWithIf)
+        .split(k_row_x, k_row_x, k_row_xi, 16, TailStrategy::GuardWithIf)
+        .vectorize(hiddenii)
+        .reorder({hiddenii, k_row_xi, hiddeni, k_row_x, hidden, batch})
+        .parallel(hidden);
     kv_rows
         .split(batch, batch, batchi, 16, TailStrategy::RoundUp)
         .vectorize(batchi)
@@ -387,25 +399,22 @@ inline void apply_schedule_attn_attention_layer_adams2019_avx512_zen4(
         .vectorize(batchi)
         .reorder({batchi, all_keys_x, batch});
     k_product
-        .split(seq, seq, seqi, 4, TailStrategy::RoundUp)
+        .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::RoundUp)
         .vectorize(hiddeni)
-        .compute_root()
-        .reorder({hiddeni, hidden, seqi, seq, batch})
-        .parallel(seq);
+        .compute_at(k, hiddeni)
+        .reorder({hiddeni, hidden, seq, batch});
     k_product.update(0)
-        .split(seq, seq, seqi, 4, TailStrategy::GuardWithIf)
+        .split(k_k_x, k_k_x, k_k_xi, 32, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
-        .reorder({hiddeni, k_k_x, hidden, seqi, seq, batch})
-        .parallel(seq);
+        .reorder({hiddeni, k_k_xi, hidden, seq, k_k_x, batch});
     k_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
-        .compute_root()
-        .reorder({hiddeni, hidden, in_featurei, in_feature})
-        .parallel(in_feature);
+        .compute_at(k_product, k_k_x)
+        .reorder({hiddeni, hidden, in_feature});
 
 }
 

@@ -141,7 +141,7 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx512_zen4(
         .vectorize(hiddeni)
         .reorder({hiddeni, in_feature_xi, hidden, in_feature_yi, seq, in_feature_x, in_feature_y, batch});
     w_o_t
-        .split(in_feature, in_feature, in_featurei, 12, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 192, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -237,7 +237,7 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx512_zen4(
         .reorder({hiddeni, v_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     v_weight_t
-        .split(in_feature, in_feature, in_featurei, 12, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 192, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -312,7 +312,7 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx512_zen4(
         .reorder({hiddeni, q_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     q_weight_t
-        .split(in_feature, in_feature, in_featurei, 12, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 192, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -350,7 +350,7 @@ inline void apply_schedule_attn_attention_layer_packed_adams2019_avx512_zen4(
         .reorder({hiddeni, k_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     k_weight_t
-        .split(in_feature, in_feature, in_featurei, 12, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 192, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()

@@ -208,7 +208,7 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_avx512_ze
         .reorder({hiddeni, v_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     v_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -256,18 +256,17 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_avx512_ze
         .split(query, query, queryi, 43, TailStrategy::GuardWithIf)
         .split(batch, batch, batchi, 2, TailStrategy::GuardWithIf)
         .split(e_x, e_x, e_xi, 16, TailStrategy::GuardWithIf)
-        .split(head, head, headi, 4, TailStrategy::GuardWithIf)
+        .split(queryi, queryi, queryii, 8, TailStrategy::GuardWithIf)
         .split(key, key, keyi, 16, TailStrategy::GuardWithIf)
         .vectorize(keyi)
-        .reorder({keyi, key, queryi, headi, e_xi, batchi, e_x, head, query, batch})
+        .reorder({keyi, e_xi, key, queryii, head, queryi, e_x, batchi, query, batch})
         .fuse(query, batch, query)
         .parallel(query);
     q_by_sequence
         .store_in(MemoryType::Stack)
         .split(head_dim, head_dim, head_dimi, 16, TailStrategy::ShiftInwards)
         .vectorize(head_dimi)
-        .compute_at(dot, batchi)
-        .store_at(dot, e_x)
+        .compute_at(dot, queryi)
         .reorder({head_dimi, head_dim, head, seq, batch});
     q_product
         .split(seq, seq, seqi, 32, TailStrategy::RoundUp)
@@ -290,10 +289,9 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_avx512_ze
         .reorder({hiddeni, hidden, in_featurei, in_feature})
         .parallel(in_feature);
     key_transposed
-        .store_in(MemoryType::Stack)
         .split(key, key, keyi, 16, TailStrategy::ShiftInwards)
         .vectorize(keyi)
-        .compute_at(dot, e_xi)
+        .compute_at(dot, e_x)
         .reorder({keyi, key, head_dim, head, batch});
     k_product
         .split(seq, seq, seqi, 32, TailStrategy::RoundUp)

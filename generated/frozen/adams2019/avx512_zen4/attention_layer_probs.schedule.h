@@ -136,7 +136,7 @@ inline void apply_schedule_attn_attention_layer_probs_adams2019_avx512_zen4(
         .reorder({hiddeni, seqi, hidden, in_feature_xi, in_feature_x, in_feature_y, seq, batch})
         .parallel(seq);
     w_o_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -183,7 +183,7 @@ inline void apply_schedule_attn_attention_layer_probs_adams2019_avx512_zen4(
         .compute_at(v_heads, head_dim)
         .reorder({hiddeni, hidden, seq, batch});
     v_product.update(0)
-        .split(v_k_x, v_k_x, v_k_xi, 128, TailStrategy::GuardWithIf)
+        .split(v_k_x, v_k_x, v_k_xi, 2, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
         .reorder({hiddeni, v_k_xi, seq, v_k_x, hidden, batch});
@@ -191,7 +191,8 @@ inline void apply_schedule_attn_attention_layer_probs_adams2019_avx512_zen4(
         .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
-        .compute_at(v_product, v_k_x)
+        .compute_at(v_product, seq)
+        .store_at(v_product, v_k_x)
         .reorder({hiddeni, hidden, in_feature});
     probs_1
         .split(head, head, headi, 6, TailStrategy::ShiftInwards)
@@ -266,7 +267,7 @@ inline void apply_schedule_attn_attention_layer_probs_adams2019_avx512_zen4(
         .reorder({hiddeni, q_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     q_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()
@@ -307,7 +308,7 @@ inline void apply_schedule_attn_attention_layer_probs_adams2019_avx512_zen4(
         .reorder({hiddeni, k_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     k_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 16, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()

@@ -60,6 +60,8 @@ inline void apply_schedule_attn_attention_layer_adams2019_sse41(
     Var headi("headi");
     Var hidden(y_1.get_schedule().dims()[0].var);
     Var hiddeni("hiddeni");
+    Var hiddenii("hiddenii");
+    Var hiddeniii("hiddeniii");
     Var in_feature(w_o_t.get_schedule().dims()[1].var);
     Var in_featurei("in_featurei");
     Var key(values.get_schedule().dims()[1].var);
@@ -316,14 +318,11 @@ inline void apply_schedule_attn_attention_layer_adams2019_sse41(
         .compute_at(block_result, head)
         .reorder({hiddeni, hidden, in_feature});
     keys
-        .split(head_dim, head_dim, head_dimi, 32, TailStrategy::ShiftInwards)
-        .split(key, key, keyi, 260, TailStrategy::ShiftInwards)
-        .split(keyi, keyi, keyii, 4, TailStrategy::ShiftInwards)
+        .split(key, key, keyi, 260, TailStrategy::RoundUp)
+        .split(keyi, keyi, keyii, 4, TailStrategy::RoundUp)
         .vectorize(keyii)
-        .compute_root()
-        .reorder({keyii, keyi, head_dimi, key, head_dim, head, batch})
-        .fuse(head_dim, head, head_dim)
-        .parallel(head_dim);
+        .compute_at(block_result, head)
+        .reorder({keyii, keyi, head_dim, head, key, batch});
     k_heads
         .store_in(MemoryType::Stack)
         .split(head_dim, head_dim, head_dimi, 4, TailStrategy::RoundUp)
@@ -331,15 +330,20 @@ inline void apply_schedule_attn_attention_layer_adams2019_sse41(
         .compute_at(keys, key)
         .reorder({head_dimi, head_dim, head, seq, batch});
     k
-        .split(hidden, hidden, hiddeni, 4, TailStrategy::RoundUp)
-        .vectorize(hiddeni)
-        .compute_at(keys, head_dim)
-        .reorder({hiddeni, hidden, seq, batch});
+        .split(hidden, hidden, hiddeni, 384, TailStrategy::RoundUp)
+        .split(hiddeni, hiddeni, hiddenii, 4, TailStrategy::RoundUp)
+        .vectorize(hiddenii)
+        .compute_root()
+        .reorder({hiddenii, hiddeni, seq, hidden, batch})
+        .parallel(hidden);
     k.update(0)
+        .split(hidden, hidden, hiddeni, 384, TailStrategy::GuardWithIf)
+        .split(hiddeni, hiddeni, hiddenii, 16, TailStrategy::GuardWithIf)
         .split(k_row_x, k_row_x, k_row_xi, 8, TailStrategy::GuardWithIf)
-        .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
-        .vectorize(hiddeni)
-        .reorder({hiddeni, hidden, k_row_xi, k_row_x, batch});
+        .split(hiddenii, hiddenii, hiddeniii, 4, TailStrategy::GuardWithIf)
+        .vectorize(hiddeniii)
+        .reorder({hiddeniii, hiddenii, k_row_xi, k_row_x, hiddeni, hidden, batch})
+        .parallel(hidden);
     kv_rows
         .split(batch, batch, batchi, 4, TailStrategy::RoundUp)
         .vectorize(batchi)
@@ -365,9 +369,10 @@ inline void apply_schedule_attn_attention_layer_adams2019_sse41(
         .vectorize(hiddeni)
         .reorder({hiddeni, k_k_x, hidden, seq, batch});
     k_weight_t
+        .store_in(MemoryType::Stack)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
-        .compute_at(keys, head_dim)
+        .compute_at(k, hiddeni)
         .reorder({hiddeni, hidden, in_feature});
 
 }

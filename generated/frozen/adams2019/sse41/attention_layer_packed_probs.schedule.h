@@ -68,16 +68,15 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_sse41(
     Var in_featurei("in_featurei");
     Var key(probs_1.get_schedule().dims()[0].var);
     Var keyi("keyi");
+    Var keyii("keyii");
     Var query(ctx_sum.get_schedule().dims()[2].var);
     Var queryi("queryi");
     Var queryii("queryii");
     Var seq(y_1.get_schedule().dims()[1].var);
     Var seqi("seqi");
     RVar context_j_x(ctx_sum.update(0).get_schedule().dims()[0].var);
-    RVar context_j_xi("context_j$xi");
     RVar e_x(dot.update(0).get_schedule().dims()[0].var);
     RVar in_feature_x(projection.update(0).get_schedule().dims()[0].var);
-    RVar in_feature_xi("in_feature$xi");
     RVar in_feature_y(projection.update(0).get_schedule().dims()[1].var);
     RVar j_x(row_sum.update(0).get_schedule().dims()[0].var);
     RVar k_k_x(k_product.update(0).get_schedule().dims()[0].var);
@@ -127,10 +126,10 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_sse41(
         .compute_at(y_1, seq)
         .reorder({hiddeni, hidden, seq, batch});
     projection.update(0)
-        .split(in_feature_x, in_feature_x, in_feature_xi, 2, TailStrategy::GuardWithIf)
+        .split(seq, seq, seqi, 32, TailStrategy::GuardWithIf)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::GuardWithIf)
         .vectorize(hiddeni)
-        .reorder({hiddeni, in_feature_xi, in_feature_y, hidden, in_feature_x, seq, batch});
+        .reorder({hiddeni, in_feature_x, in_feature_y, hidden, seqi, seq, batch});
     w_o_t
         .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
@@ -140,16 +139,17 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_sse41(
         .parallel(in_feature);
     packed_ctx
         .store_in(MemoryType::Stack)
-        .split(head, head, headi, 4, TailStrategy::ShiftInwards)
-        .vectorize(headi)
+        .split(seq, seq, seqi, 4, TailStrategy::GuardWithIf)
+        .vectorize(seqi)
         .compute_at(projection, hidden)
-        .store_at(projection, in_feature_x)
-        .reorder({headi, head, head_dim, seq, batch})
-        .reorder_storage(head, head_dim, seq, batch);
+        .store_at(projection, seqi)
+        .reorder({seqi, seq, head_dim, head, batch})
+        .reorder_storage(seq, head_dim, head, batch);
     token_sequence
+        .store_in(MemoryType::Stack)
         .split(seq, seq, seqi, 4, TailStrategy::RoundUp)
         .vectorize(seqi)
-        .compute_at(y_1, seq)
+        .compute_at(projection, seq)
         .reorder({seqi, seq});
     token_sequence.update(0)
         .split(seq, seq, seqi, 4, TailStrategy::GuardWithIf)
@@ -166,18 +166,16 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_sse41(
         .reorder_storage(query, head_dim, head, batch);
     ctx_sum.update(0)
         .split(batch, batch, batchi, 2, TailStrategy::GuardWithIf)
-        .split(context_j_x, context_j_x, context_j_xi, 3, TailStrategy::GuardWithIf)
         .split(query, query, queryi, 4, TailStrategy::GuardWithIf)
         .vectorize(queryi)
-        .reorder({queryi, query, head, batchi, context_j_xi, context_j_x, head_dim, batch})
+        .reorder({queryi, query, head, batchi, context_j_x, head_dim, batch})
         .fuse(head_dim, batch, head_dim)
         .parallel(head_dim);
     v_by_sequence
         .store_in(MemoryType::Stack)
         .split(head, head, headi, 4, TailStrategy::ShiftInwards)
         .vectorize(headi)
-        .compute_at(ctx_sum, context_j_xi)
-        .store_at(ctx_sum, context_j_x)
+        .compute_at(ctx_sum, context_j_x)
         .reorder({headi, head, head_dim, seq, batch})
         .reorder_storage(head, head_dim, seq, batch);
     v_product
@@ -291,24 +289,23 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_sse41(
         .reorder({hiddeni, q_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     q_weight_t
-        .split(hidden, hidden, hiddeni, 384, TailStrategy::ShiftInwards)
-        .split(in_feature, in_feature, in_featurei, 6, TailStrategy::ShiftInwards)
-        .split(hiddeni, hiddeni, hiddenii, 4, TailStrategy::ShiftInwards)
-        .vectorize(hiddenii)
+        .split(in_feature, in_feature, in_featurei, 3, TailStrategy::ShiftInwards)
+        .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
+        .vectorize(hiddeni)
         .compute_root()
-        .reorder({hiddenii, hiddeni, in_featurei, hidden, in_feature})
-        .fuse(hidden, in_feature, hidden)
-        .parallel(hidden);
+        .reorder({hiddeni, hidden, in_featurei, in_feature})
+        .parallel(in_feature);
     key_transposed
-        .split(key, key, keyi, 4, TailStrategy::ShiftInwards)
-        .vectorize(keyi)
+        .split(key, key, keyi, 64, TailStrategy::ShiftInwards)
+        .split(keyi, keyi, keyii, 4, TailStrategy::ShiftInwards)
+        .vectorize(keyii)
         .compute_at(probs_1, headi)
-        .reorder({keyi, key, head, head_dim, batch});
+        .reorder({keyii, keyi, head, key, head_dim, batch});
     k_by_sequence
         .store_in(MemoryType::Stack)
         .split(head, head, headi, 4, TailStrategy::GuardWithIf)
         .vectorize(headi)
-        .compute_at(key_transposed, head_dim)
+        .compute_at(key_transposed, key)
         .reorder({headi, head, head_dim, seq, batch})
         .reorder_storage(head, head_dim, seq, batch);
     k_product
@@ -325,12 +322,14 @@ inline void apply_schedule_attn_attention_layer_packed_probs_adams2019_sse41(
         .reorder({hiddeni, k_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     k_weight_t
-        .split(in_feature, in_feature, in_featurei, 48, TailStrategy::ShiftInwards)
-        .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
-        .vectorize(hiddeni)
+        .split(hidden, hidden, hiddeni, 384, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 6, TailStrategy::ShiftInwards)
+        .split(hiddeni, hiddeni, hiddenii, 4, TailStrategy::ShiftInwards)
+        .vectorize(hiddenii)
         .compute_root()
-        .reorder({hiddeni, hidden, in_featurei, in_feature})
-        .parallel(in_feature);
+        .reorder({hiddenii, hiddeni, in_featurei, hidden, in_feature})
+        .fuse(hidden, in_feature, hidden)
+        .parallel(hidden);
     keep
         .store_in(MemoryType::Stack)
         .split(query, query, queryi, 16, TailStrategy::RoundUp)

@@ -185,7 +185,7 @@ inline void apply_schedule_attn_attention_layer_probs_adams2019_sse41(
         .reorder({hiddeni, v_k_x, hidden, seqi, seq, batch})
         .parallel(seq);
     v_weight_t
-        .split(in_feature, in_feature, in_featurei, 24, TailStrategy::ShiftInwards)
+        .split(in_feature, in_feature, in_featurei, 384, TailStrategy::ShiftInwards)
         .split(hidden, hidden, hiddeni, 4, TailStrategy::ShiftInwards)
         .vectorize(hiddeni)
         .compute_root()

@@ -23,7 +23,6 @@ inline void apply_schedule_attn_attention_layer_packed_mullapudi2016_avx2(
     [[maybe_unused]] Var head("head");
     [[maybe_unused]] Var head_dim("head_dim");
     [[maybe_unused]] Var hidden("hidden");
-    [[maybe_unused]] Var in_feature("in_feature");
     [[maybe_unused]] Var key("key");
     [[maybe_unused]] Var key_block("key_block");
     [[maybe_unused]] Var key_chunk("key_chunk");
@@ -41,8 +40,6 @@ inline void apply_schedule_attn_attention_layer_packed_mullapudi2016_avx2(
     Var hidden_o("hidden_o");
     Var hidden_vi("hidden_vi");
     Var hidden_vo("hidden_vo");
-    Var in_feature_vi("in_feature_vi");
-    Var in_feature_vo("in_feature_vo");
     RVar key_in_block$x_vi("key_in_block$x_vi");
     RVar key_in_block$x_vo("key_in_block$x_vo");
     Var key_in_chunk_vi("key_in_chunk_vi");
@@ -213,12 +210,10 @@ inline void apply_schedule_attn_attention_layer_packed_mullapudi2016_avx2(
     }
     {
         Var hidden = k_weight_t.args()[0];
-        Var in_feature = k_weight_t.args()[1];
         k_weight_t
             .compute_at(k_by_sequence, head)
-            .reorder(in_feature, hidden)
-            .split(in_feature, in_feature_vo, in_feature_vi, 8)
-            .vectorize(in_feature_vi);
+            .split(hidden, hidden_vo, hidden_vi, 8)
+            .vectorize(hidden_vi);
     }
     {
         Var key = key_is_real.args()[0];
@@ -289,12 +284,10 @@ inline void apply_schedule_attn_attention_layer_packed_mullapudi2016_avx2(
     }
     {
         Var hidden = q_weight_t.args()[0];
-        Var in_feature = q_weight_t.args()[1];
         q_weight_t
             .compute_at(q_by_sequence, head)
-            .reorder(in_feature, hidden)
-            .split(in_feature, in_feature_vo, in_feature_vi, 8)
-            .vectorize(in_feature_vi);
+            .split(hidden, hidden_vo, hidden_vi, 8)
+            .vectorize(hidden_vi);
     }
     {
         Var head_dim = running.args()[0];
@@ -393,12 +386,10 @@ inline void apply_schedule_attn_attention_layer_packed_mullapudi2016_avx2(
     }
     {
         Var hidden = v_weight_t.args()[0];
-        Var in_feature = v_weight_t.args()[1];
         v_weight_t
             .compute_at(running, head)
-            .reorder(in_feature, hidden)
-            .split(in_feature, in_feature_vo, in_feature_vi, 8)
-            .vectorize(in_feature_vi);
+            .split(hidden, hidden_vo, hidden_vi, 8)
+            .vectorize(hidden_vi);
     }
     {
         Var seq = variance.args()[0];
@@ -412,12 +403,10 @@ inline void apply_schedule_attn_attention_layer_packed_mullapudi2016_avx2(
     }
     {
         Var hidden = w_o_t.args()[0];
-        Var in_feature = w_o_t.args()[1];
         w_o_t
             .compute_at(dense, hidden_o)
-            .reorder(in_feature, hidden)
-            .split(in_feature, in_feature_vo, in_feature_vi, 8)
-            .vectorize(in_feature_vi);
+            .split(hidden, hidden_vo, hidden_vi, 8)
+            .vectorize(hidden_vi);
     }
     {
         Var hidden = y_1.args()[0];

@@ -23,7 +23,6 @@ inline void apply_schedule_attn_attention_layer_packed_probs_mullapudi2016_avx2(
     [[maybe_unused]] Var head("head");
     [[maybe_unused]] Var head_dim("head_dim");
     [[maybe_unused]] Var hidden("hidden");
-    [[maybe_unused]] Var in_feature("in_feature");
     [[maybe_unused]] Var key("key");
     [[maybe_unused]] Var query("query");
     [[maybe_unused]] Var seq("seq");
@@ -37,8 +36,6 @@ inline void apply_schedule_attn_attention_layer_packed_probs_mullapudi2016_avx2(
     Var hidden_o("hidden_o");
     Var hidden_vi("hidden_vi");
     Var hidden_vo("hidden_vo");
-    Var in_feature_vi("in_feature_vi");
-    Var in_feature_vo("in_feature_vo");
     Var key_vi("key_vi");
     Var key_vo("key_vo");
     Var query_vi("query_vi");
@@ -132,12 +129,10 @@ inline void apply_schedule_attn_attention_layer_packed_probs_mullapudi2016_avx2(
     }
     {
         Var hidden = k_weight_t.args()[0];
-        Var in_feature = k_weight_t.args()[1];
         k_weight_t
             .compute_at(scores, head)
-            .reorder(in_feature, hidden)
-            .split(in_feature, in_feature_vo, in_feature_vi, 8)
-            .vectorize(in_feature_vi);
+            .split(hidden, hidden_vo, hidden_vi, 8)
+            .vectorize(hidden_vi);
     }
     {
         Var key = key_transposed.args()[0];
@@ -212,12 +207,10 @@ inline void apply_schedule_attn_attention_layer_packed_probs_mullapudi2016_avx2(
     }
     {
         Var hidden = q_weight_t.args()[0];
-        Var in_feature = q_weight_t.args()[1];
         q_weight_t
             .compute_at(scores, head)
-            .reorder(in_feature, hidden)
-            .split(in_feature, in_feature_vo, in_feature_vi, 8)
-            .vectorize(in_feature_vi);
+            .split(hidden, hidden_vo, hidden_vi, 8)
+            .vectorize(hidden_vi);
     }
     {
         Var query = row_max.args()[0];
@@ -338,12 +331,10 @@ inline void apply_schedule_attn_attention_layer_packed_probs_mullapudi2016_avx2(
     }
     {
         Var hidden = v_weight_t.args()[0];
-        Var in_feature = v_weight_t.args()[1];
         v_weight_t
             .compute_at(ctx_sum, head)
-            .reorder(in_feature, hidden)
-            .split(in_feature, in_feature_vo, in_feature_vi, 8)
-            .vectorize(in_feature_vi);
+            .split(hidden, hidden_vo, hidden_vi, 8)
+            .vectorize(hidden_vi);
     }
     {
         Var seq = variance.args()[0];
@@ -357,12 +348,10 @@ inline void apply_schedule_attn_attention_layer_packed_probs_mullapudi2016_avx2(
     }
     {
         Var hidden = w_o_t.args()[0];
-        Var in_feature = w_o_t.args()[1];
         w_o_t
             .compute_at(dense, hidden_o)
-            .reorder(in_feature, hidden)
-            .split(in_feature, in_feature_vo, in_feature_vi, 8)
-            .vectorize(in_feature_vi);
+            .split(hidden, hidden_vo, hidden_vi, 8)
+            .vectorize(hidden_vi);
     }
     {
         Var hidden = y_1.args()[0];

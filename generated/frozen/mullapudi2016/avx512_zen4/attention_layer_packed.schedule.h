@@ -23,7 +23,6 @@ inline void apply_schedule_attn_attention_layer_packed_mullapudi2016_avx512_zen4
     [[maybe_unused]] Var head("head");
     [[maybe_unused]] Var head_dim("head_dim");
     [[maybe_unused]] Var hidden("hidden");
-    [[maybe_unused]] Var in_feature("in_feature");
     [[maybe_unused]] Var key("key");
     [[maybe_unused]] Var key_block("key_block");
     [[maybe_unused]] Var key_chunk("key_chunk");
@@ -39,8 +38,6 @@ inline void apply_schedule_attn_attention_layer_packed_mullapudi2016_avx512_zen4
     Var hidden_o("hidden_o");
     Var hidden_vi("hidden_vi");
     Var hidden_vo("hidden_vo");
-    Var in_feature_vi("in_feature_vi");
-    Var in_feature_vo("in_feature_vo");
     RVar key_in_block$x_vi("key_in_block$x_vi");
     RVar key_in_block$x_vo("key_in_block$x_vo");
     Var key_in_chunk_vi("key_in_chunk_vi");
@@ -211,12 +208,10 @@ inline void apply_schedule_attn_attention_layer_packed_mullapudi2016_avx512_zen4
     }
     {
         Var hidden = k_weight_t.args()[0];
-        Var in_feature = k_weight_t.args()[1];
         k_weight_t
             .compute_at(k_by_sequence, head)
-            .reorder(in_feature, hidden)
-            .split(in_feature, in_feature_vo, in_feature_vi, 16)
-            .vectorize(in_feature_vi);
+            .split(hidden, hidden_vo, hidden_vi, 16)
+            .vectorize(hidden_vi);
     }
     {
         Var key = key_is_real.args()[0];
@@ -287,12 +282,10 @@ inline void apply_schedule_attn_attention_layer_packed_mullapudi2016_avx512_zen4
     }
     {
         Var hidden = q_weight_t.args()[0];
-        Var in_feature = q_weight_t.args()[1];
         q_weight_t
             .compute_at(q_by_sequence, head)
-            .reorder(in_feature, hidden)
-            .split(in_feature, in_feature_vo, in_feature_vi, 16)
-            .vectorize(in_feature_vi);
+            .split(hidden, hidden_vo, hidden_vi, 16)
+            .vectorize(hidden_vi);
     }
     {
         Var head_dim = running.args()[0];
@@ -389,12 +382,10 @@ inline void apply_schedule_attn_attention_layer_packed_mullapudi2016_avx512_zen4
     }
     {
         Var hidden = v_weight_t.args()[0];
-        Var in_feature = v_weight_t.args()[1];
         v_weight_t
             .compute_at(running, head)
-            .reorder(in_feature, hidden)
-            .split(in_feature, in_feature_vo, in_feature_vi, 16)
-            .vectorize(in_feature_vi);
+            .split(hidden, hidden_vo, hidden_vi, 16)
+            .vectorize(hidden_vi);
     }
     {
         Var seq = variance.args()[0];
@@ -408,12 +399,10 @@ inline void apply_schedule_attn_attention_layer_packed_mullapudi2016_avx512_zen4
     }
     {
         Var hidden = w_o_t.args()[0];
-        Var in_feature = w_o_t.args()[1];
         w_o_t
             .compute_at(dense, hidden_o)
-            .reorder(in_feature, hidden)
-            .split(in_feature, in_feature_vo, in_feature_vi, 16)
-            .vectorize(in_feature_vi);
+            .split(hidden, hidden_vo, hidden_vi, 16)
+            .vectorize(hidden_vi);
     }
     {
         Var hidden = y_1.args()[0];
