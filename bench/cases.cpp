@@ -339,8 +339,8 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
         // The layer in bf16 and int8 (attn::Precision), beside the fp32 variants and peers:
         // <variant>_bf16, <variant>_int8.
         for (const ReducedPrecision &p : kReducedPrecisions) {
-            for (const VariantInfo *v : precision_variants(p.precision)) {
-                if (v->schedule == "candidate") continue;
+            for (const VariantInfo *v : timed) {  // candidates included (tools/autotune.py)
+                if (std::find(v->functions.begin(), v->functions.end(), p.layer) == v->functions.end()) continue;
                 add(kLayerFunction, v->name + "_" + p.name, lp, [v, &lp, &p] { return function_case(p.layer, *v, lp); });
             }
         }

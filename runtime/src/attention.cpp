@@ -34,9 +34,8 @@ const VariantInfo &reduced_variant(const Config &config, const std::string &name
     const std::string precision = p.name;
     const std::string allow = "set config.allow_storage_only to " + std::string(p.without_feature);
     if (!name.empty()) {
-        const VariantInfo &v = select_variant(name);
-        const std::vector<const VariantInfo *> with = precision_variants(p.precision);
-        if (std::none_of(with.begin(), with.end(), [&](const VariantInfo *w) { return w->name == name; }))
+        const VariantInfo &v = select_variant(name);  // a registered candidate's too (tools/autotune.py)
+        if (std::find(v.functions.begin(), v.functions.end(), p.layer) == v.functions.end())
             throw Error("variant", "'" + name + "' has no " + precision + " layer (precision " + precision +
                                        "): it does not provide " + p.layer + " and does not provide " + p.packed_layer +
                                        "; the variants that do: " + variants_providing(p.layer, p));

@@ -3,7 +3,8 @@
 #  - a candidate that computes the wrong thing is rejected by the harness's reference
 #    check before it is timed;
 #  - a two-candidate search compiles, checks and times both, and a second run resumes
-#    from the cache without compiling or measuring anything again.
+#    from the cache without compiling or measuring anything again;
+#  - a candidate library's bf16 and int8 layers are cases of the harness too.
 # Usage: autotune_pipeline.sh PYTHON CXX HALIDE_INCLUDE_DIR ATTN_BENCH ATTN_GENERATORS PLUGINS WORK_DIR
 # (PYTHON: the project's .venv, which has tqdm)
 set -euo pipefail
@@ -56,3 +57,27 @@ second=$(tune 2>&1 | tr '\r' '\n')
 echo "$second" | tail -1
 echo "$second" | grep -q "tried 2 of 2 candidates (2 from the cache).*'measured': 2" ||
   { echo "the second run did not resume from the cache"; exit 1; }
+
+# A candidate's bf16 and int8 layers (a library with attention_layer_bf16 or _int8, as
+# tools/autotune.py or a user compiles one) are cases of the harness too, checked against the
+# reference before they are timed: candidate_<suffix>_bf16 and _int8.
+for precision in bf16 int8; do
+  "$generators" -g attention_layer -f "attn_attention_layer_${precision}_reduced" -o "$work" -e object,c_header \
+    target=x86-64-linux-sse41-no_runtime function="attention_layer_$precision" schedule=manual output_probs=false \
+    precision="$precision" core_precision=bf16
+done
+"$cxx" -shared -o "$work/reduced.so" "$work"/attn_attention_layer_{bf16,int8}_reduced.o
+"$bench" --candidate="$work/reduced.so:reduced:sse41" \
+  --benchmark_filter='^attention_layer/candidate_reduced_(bf16|int8)/b1_s128_h384_n12$' --benchmark_min_time=0.01 \
+  --benchmark_format=json > "$work/reduced.json"
+for precision in bf16 int8; do
+  python3 - "$work/reduced.json" "$precision" <<'PY' || exit 1
+import json, sys
+runs = {b["name"]: b for b in json.load(open(sys.argv[1]))["benchmarks"]}
+name = f"attention_layer/candidate_reduced_{sys.argv[2]}/b1_s128_h384_n12"
+run = runs.get(name)
+if run is None or run.get("error_occurred"):
+    sys.exit(f"{name}: not run ({run.get('error_message') if run else 'no such case'})")
+print(f"{name}: checked against the reference (max error {run['max_error']:.2g}) and timed")
+PY
+done
