@@ -9,6 +9,21 @@ namespace {
 
 const Dims dims;
 constexpr TailStrategy kGuard = TailStrategy::GuardWithIf;
+// Parallel tasks: a projection's are its panels of output features, and the flash core's
+// its (head, batch) pairs; at H=768 and B=1, 16 panels and 12 heads feed up to kFewThreads
+// threads well. With more threads (the count is read when the pipeline runs, so one
+// library serves both), each panel's rows are split in blocks of kRowTilesPerTask register
+// tiles, and each head's query blocks are tasks too: at 16 threads and 128 tokens, 16
+// panels by 4 blocks of 32 rows, and 12 heads by 2 query blocks.
+constexpr int kFewThreads = 4;
+constexpr int kRowTilesPerTask = 8;
+
+// The kernels' thread count when a pipeline runs (the runtime's halide_get_num_threads: the
+// count attn::set_num_threads set, or 0 before the thread pool starts, then the default).
+Expr kernel_threads() {
+    using namespace Halide::Internal;
+    return Call::make(Int(32), "halide_get_num_threads", {}, Call::Extern);
+}
 
 int vector_width(const Target &target) { return target.natural_vector_size<float>(); }
 
@@ -98,9 +113,21 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
     const int vw = vector_width(target), panel = vw * t.tile_vectors;
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
-    VarOrRVar so("so", rows.is_rvar), si("si", rows.is_rvar);
+    VarOrRVar so("so", rows.is_rvar), si("si", rows.is_rvar), sb("sb", rows.is_rvar), s_in("s_in", rows.is_rvar);
     out.compute_at(at);
     Stage stage = out.has_update_definition() ? Stage(out.update()) : Stage(out);
+    // A task is a panel of output features, which serves every row; on more than
+    // kFewThreads threads, a panel by a block of rows (of every batch). Two parallel loops
+    // there, the blocks of rows around the panels' (fused into one, the projections took 3-5
+    // times as long: Halide then bounds a tile's rows less tightly).
+    stage.specialize(kernel_threads() > kFewThreads)
+        .split(o, oo, oi, panel, kGuard)
+        .split(rows, sb, s_in, t.tile_rows * kRowTilesPerTask, kGuard)
+        .split(s_in, so, si, t.tile_rows, kGuard)
+        .reorder(oi, si, so, b, oo, sb)
+        .vectorize(oi, vw, kGuard)
+        .parallel(oo)
+        .parallel(sb);
     stage.split(o, oo, oi, panel, kGuard)
         .split(rows, so, si, t.tile_rows, kGuard)
         .reorder(oi, si, so, b, oo)
@@ -317,9 +344,9 @@ void schedule_output_layernorm_cpu(attn_gen::OutputLayerNorm n, const CpuTiling 
 
 namespace {
 
-// The flash core (attn_gen::FlashAttention): the (head, batch) pairs run in parallel;
-// each packs its head's K once, then for each block of query rows visits the key blocks
-// one after another, each computing its scores (register tiles of one chunk of keys by
+// The flash core (attn_gen::FlashAttention): the (head, batch) pairs run in parallel
+// (and their query blocks too on many threads); each packs its head's K once, then for
+// each block of query rows visits the key blocks one after another, each computing its scores (register tiles of one chunk of keys by
 // tile_rows queries), their row max, exponentials and row sum (vectorized across keys),
 // its share of the weighted sum (register tiles over V), then folding them into the
 // running context. A block's scores and exponentials are query_block × key_block floats
@@ -339,6 +366,10 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
         .fuse(h, b, head_batch)
         .parallel(head_batch)
         .vectorize(e, vw, kGuard);
+    // On more than kFewThreads threads a head's query blocks are tasks too (a parallel loop
+    // inside the head's, which packs its K and V first): at B=1 S=128, 12 heads by 2 blocks,
+    // and the causal mask's longer blocks spread over more threads.
+    f.ctx.specialize(kernel_threads() > kFewThreads).parallel(io);
     LoopLevel pair(f.ctx, head_batch), rows(f.ctx, io);
     key_end.compute_root();
     const bool bf16 = f.precision == attn_gen::Precision::bf16;

@@ -278,6 +278,105 @@ TEST(Threads, KernelsRunOnAtMostTheThreadsSet) {
 // takes no new large block from the system and gives bit for bit the first call's result
 // (kept blocks hold the last call's values, which nothing may read); threads calling at
 // once each get their own blocks; release_scratch_memory gives back what is kept.
+// On more than 4 kernel threads the hand-written CPU schedules split their work finer (a
+// projection's panels by blocks of rows, a head's query blocks: schedules/cpu_manual.cpp,
+// chosen when the pipeline runs). Each output is computed the same way either way, so every
+// CPU variant, in each precision it has, dense and packed, gives at 16 threads what it gives
+// at 1, bit for bit (packed where the variant has the packed layer).
+TEST(Threads, SixteenKernelThreadsGiveWhatOneGives) {
+    Problem p;
+    p.batch = 2, p.s_q = p.s_k = 128, p.hidden = 256, p.heads = 4, p.mask = Mask::padding;
+    const LayerData data(p);
+    const PackedBatch packed = data.packed();
+    const int before = set_num_threads(1);
+    int compared = 0;
+    for (const Precision precision : {Precision::fp32, Precision::bf16, Precision::int8}) {
+        for (const VariantInfo *v : precision_variants(precision)) {
+            if (v->device != "cpu" || !v->runnable) continue;
+            Config config = p.config();
+            config.precision = precision;
+            config.allow_storage_only = true;
+            const Attention layer(config, data.weights(), v->name);
+            const std::string packed_function =
+                precision == Precision::fp32 ? "attention_layer_packed" : reduced_precision(precision).packed_layer;
+            const bool has_packed = std::find(v->functions.begin(), v->functions.end(), packed_function) !=
+                                    v->functions.end();
+            std::vector<float> dense[2], tokens[2];
+            for (int run = 0; run < 2; ++run) {
+                set_num_threads(run == 0 ? 1 : 16);
+                dense[run].assign(std::size_t(p.batch * p.s_q * p.hidden), 0.0f);
+                tokens[run].assign(packed.x.size(), 0.0f);
+                layer.forward(data.inputs(), view(dense[run], {p.batch, p.s_q, p.hidden}));
+                if (has_packed) layer.forward_packed(packed.inputs(), view(tokens[run], {packed.tokens(), p.hidden}));
+            }
+            const std::string what = v->name + " in " + precision_name(precision);
+            EXPECT_TRUE(dense[0] == dense[1]) << what << ": forward differs at 16 threads";
+            EXPECT_TRUE(tokens[0] == tokens[1]) << what << ": forward_packed differs at 16 threads";
+            ++compared;
+        }
+    }
+    set_num_threads(before);
+    std::cout << "[   INFO   ] " << compared << " CPU variants and precisions compared\n";
+    EXPECT_GT(compared, 0);
+}
+
+// What the kernels' parallel loops offer many threads: a BERT-base layer at B=1 S=128 on the
+// default variant, its loops noted through Halide's do_par_for and do_task hooks (a loop run
+// inside a task is nested in the loop that task belongs to). At 16 threads, the four
+// projections and the attention core each offer at least 24 tasks (at most 16 and 12 before
+// the finer split: one panel or one head a task); at 2 threads they keep the coarse tasks.
+thread_local int task_depth = 0;
+std::mutex loops_mutex;
+std::vector<std::pair<int, int>> loop_tasks;  // per top-level loop: its iterations, the most of a loop in it
+int noting_loop_task(void *user_context, halide_task_t f, int idx, uint8_t *closure) {
+    ++task_depth;
+    const int status = halide_default_do_task(user_context, f, idx, closure);
+    --task_depth;
+    return status;
+}
+int noting_par_for(void *user_context, halide_task_t f, int min, int size, uint8_t *closure) {
+    {
+        std::lock_guard<std::mutex> lock(loops_mutex);
+        if (task_depth == 0) {
+            loop_tasks.push_back({size, 1});
+        } else if (!loop_tasks.empty()) {
+            loop_tasks.back().second = std::max(loop_tasks.back().second, size);
+        }
+    }
+    return halide_default_do_par_for(user_context, f, min, size, closure);
+}
+// How many of the loops of one forward call at `threads` offer at least `tasks` tasks.
+int loops_offering(const Attention &layer, const LayerData &data, int threads, int tasks) {
+    const Problem &p = data.problem;
+    std::vector<float> y(std::size_t(p.batch * p.s_q * p.hidden));
+    set_num_threads(threads);
+    layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden}));  // the pool starts
+    const halide_do_par_for_t old_par_for = halide_set_custom_do_par_for(noting_par_for);
+    const halide_do_task_t old_task = halide_set_custom_do_task(noting_loop_task);
+    loop_tasks.clear();
+    layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden}));
+    halide_set_custom_do_par_for(old_par_for);
+    halide_set_custom_do_task(old_task);
+    return int(std::count_if(loop_tasks.begin(), loop_tasks.end(),
+                             [&](const std::pair<int, int> &l) { return l.first * l.second >= tasks; }));
+}
+
+TEST(Threads, SixteenThreadsFindTasksInEveryLargeLoop) {
+    const VariantInfo &variant = select_variant();
+    if (variant.schedule != "manual" && variant.schedule != "autotuned")
+        GTEST_SKIP() << variant.name << " is not the hand-written schedule";
+    Problem p;  // BERT-base, B=1 S=128
+    const LayerData data(p);
+    const Attention layer(p.config(), data.weights(), variant.name);
+    const int before = set_num_threads(1);
+    const int at_sixteen = loops_offering(layer, data, 16, 24), at_two = loops_offering(layer, data, 2, 24);
+    set_num_threads(before);
+    EXPECT_GE(at_sixteen, 5) << variant.name << ": the projections and the core should each offer 24 tasks or more";
+    EXPECT_LT(at_two, 5) << variant.name << ": at 2 threads the coarse tasks should be kept";
+    std::cout << "[   INFO   ] " << variant.name << ": " << at_sixteen << " loops offer 24 tasks or more at 16 threads, "
+              << at_two << " at 2\n";
+}
+
 TEST(ScratchCache, LargeIntermediatesAreKeptForTheNextCall) {
     const VariantInfo &variant = select_variant();
     release_scratch_memory();
