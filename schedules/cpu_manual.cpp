@@ -118,13 +118,14 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
     Stage stage = out.has_update_definition() ? Stage(out.update()) : Stage(out);
     // A task is a panel of output features, which serves every row; on more than
     // kFewThreads threads, a panel by a block of rows (of every batch). Two parallel loops
-    // there, the blocks of rows around the panels' (fused into one, the projections took 3-5
-    // times as long: Halide then bounds a tile's rows less tightly).
+    // there, the blocks of rows inside the panels' (so that a panel packed per call is packed
+    // once, and shared by its blocks; fused into one loop, the projections took 3-5 times as
+    // long: Halide then bounds a tile's rows less tightly).
     stage.specialize(kernel_threads() > kFewThreads)
         .split(o, oo, oi, panel, kGuard)
         .split(rows, sb, s_in, t.tile_rows * kRowTilesPerTask, kGuard)
         .split(s_in, so, si, t.tile_rows, kGuard)
-        .reorder(oi, si, so, b, oo, sb)
+        .reorder(oi, si, so, b, sb, oo)
         .vectorize(oi, vw, kGuard)
         .parallel(oo)
         .parallel(sb);
@@ -225,7 +226,11 @@ void tiled_rows(Func product, const Var &col, const Var &row, const std::vector<
 // innermost, one vector per element of the pair.
 void schedule_pairs(Func pairs, LoopLevel at, const Target &target) {
     const Var p = pairs.args()[0], along = pairs.args()[1], outer = pairs.args()[2];
-    pairs.compute_at(at).bound_extent(p, 2).reorder(p, along, outer).vectorize(along, vector_width(target), kGuard).unroll(p);
+    pairs.compute_at(at)
+        .bound_extent(p, 2)
+        .reorder(p, along, outer)
+        .vectorize(along, vector_width(target), kGuard)
+        .unroll(p);
     if (!native_bf16(target)) pairs.reorder_storage(along, p, outer);
 }
 
@@ -284,11 +289,11 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
     if (n.context_rounded.defined()) {
         schedule_rounded(n.context_rounded, target);
         if (n.context_quantized.values.defined()) schedule_quantized(n.context_quantized, target);
-        schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, rvars(n.rounded.k), s,
-                            LoopLevel::root(), t, target, n.rounded.precision, n.weight_layout);
+        schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, rvars(n.rounded.k), s, LoopLevel::root(),
+                            t, target, n.rounded.precision, n.weight_layout);
     } else {
-        schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, rvars(n.in_feature), s,
-                            LoopLevel::root(), t, target, attn_gen::Precision::fp32, n.weight_layout);
+        schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, rvars(n.in_feature), s, LoopLevel::root(), t,
+                            target, attn_gen::Precision::fp32, n.weight_layout);
     }
     n.y.compute_root()
         .split(s, so, si, t.tile_rows, kGuard)
@@ -346,12 +351,13 @@ namespace {
 
 // The flash core (attn_gen::FlashAttention): the (head, batch) pairs run in parallel
 // (and their query blocks too on many threads); each packs its head's K once, then for
-// each block of query rows visits the key blocks one after another, each computing its scores (register tiles of one chunk of keys by
-// tile_rows queries), their row max, exponentials and row sum (vectorized across keys),
-// its share of the weighted sum (register tiles over V), then folding them into the
-// running context. A block's scores and exponentials are query_block × key_block floats
-// (on the stack), in L2 whatever S is. The projections of K and V compute each batch's
-// rows only up to the last key some query may see (attn_gen::Linear::row).
+// each block of query rows visits the key blocks one after another, each computing its
+// scores (register tiles of one chunk of keys by tile_rows queries), their row max,
+// exponentials and row sum (vectorized across keys), its share of the weighted sum
+// (register tiles over V), then folding them into the running context. A block's scores
+// and exponentials are query_block × key_block floats (on the stack), in L2 whatever S is.
+// The projections of K and V compute each batch's rows only up to the last key some query
+// may see (attn_gen::Linear::row).
 void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTiling &t, const Target &target) {
     const int vw = vector_width(target);
     const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch, &j = dims.key;

@@ -278,55 +278,71 @@ TEST(Threads, KernelsRunOnAtMostTheThreadsSet) {
 // takes no new large block from the system and gives bit for bit the first call's result
 // (kept blocks hold the last call's values, which nothing may read); threads calling at
 // once each get their own blocks; release_scratch_memory gives back what is kept.
+// Restores the kernels' thread count and Halide's task hooks when a test leaves, however.
+struct KernelThreadsRestored {
+    int threads = set_num_threads(1);
+    halide_do_par_for_t par_for = halide_set_custom_do_par_for(halide_default_do_par_for);
+    halide_do_task_t task = halide_set_custom_do_task(halide_default_do_task);
+    ~KernelThreadsRestored() {
+        set_num_threads(threads);
+        halide_set_custom_do_par_for(par_for);
+        halide_set_custom_do_task(task);
+    }
+};
+
 // On more than 4 kernel threads the hand-written CPU schedules split their work finer (a
 // projection's panels by blocks of rows, a head's query blocks: schedules/cpu_manual.cpp,
 // chosen when the pipeline runs). Each output is computed the same way either way, so every
 // CPU variant, in each precision it has, dense and packed, gives at 16 threads what it gives
-// at 1, bit for bit (packed where the variant has the packed layer).
+// at 1, bit for bit (packed where the variant has the packed layer): on a padded batch, and
+// causal at S=97 (partial blocks of rows, queries and keys).
 TEST(Threads, SixteenKernelThreadsGiveWhatOneGives) {
-    Problem p;
-    p.batch = 2, p.s_q = p.s_k = 128, p.hidden = 256, p.heads = 4, p.mask = Mask::padding;
-    const LayerData data(p);
-    const PackedBatch packed = data.packed();
-    const int before = set_num_threads(1);
+    Problem padded, causal;
+    padded.batch = 2, padded.s_q = padded.s_k = 128, padded.hidden = 256, padded.heads = 4;
+    padded.mask = Mask::padding;
+    causal.batch = 1, causal.s_q = causal.s_k = 97, causal.hidden = 256, causal.heads = 4, causal.causal = true;
+    const KernelThreadsRestored restored;
     int compared = 0;
-    for (const Precision precision : {Precision::fp32, Precision::bf16, Precision::int8}) {
-        for (const VariantInfo *v : precision_variants(precision)) {
-            if (v->device != "cpu" || !v->runnable) continue;
-            Config config = p.config();
-            config.precision = precision;
-            config.allow_storage_only = true;
-            const Attention layer(config, data.weights(), v->name);
-            const std::string packed_function =
-                precision == Precision::fp32 ? "attention_layer_packed" : reduced_precision(precision).packed_layer;
-            const bool has_packed = std::find(v->functions.begin(), v->functions.end(), packed_function) !=
-                                    v->functions.end();
-            std::vector<float> dense[2], tokens[2];
-            for (int run = 0; run < 2; ++run) {
-                set_num_threads(run == 0 ? 1 : 16);
-                dense[run].assign(std::size_t(p.batch * p.s_q * p.hidden), 0.0f);
-                tokens[run].assign(packed.x.size(), 0.0f);
-                layer.forward(data.inputs(), view(dense[run], {p.batch, p.s_q, p.hidden}));
-                if (has_packed) layer.forward_packed(packed.inputs(), view(tokens[run], {packed.tokens(), p.hidden}));
+    for (const Problem &p : {padded, causal}) {
+        const LayerData data(p);
+        const PackedBatch packed = data.packed();
+        for (const Precision precision : {Precision::fp32, Precision::bf16, Precision::int8}) {
+            for (const VariantInfo *v : precision_variants(precision)) {
+                if (v->device != "cpu" || !v->runnable) continue;
+                Config config = p.config();
+                config.precision = precision;
+                config.allow_storage_only = true;
+                const Attention layer(config, data.weights(), v->name);
+                const std::string packed_function =
+                    precision == Precision::fp32 ? "attention_layer_packed" : reduced_precision(precision).packed_layer;
+                const bool has_packed =
+                    std::find(v->functions.begin(), v->functions.end(), packed_function) != v->functions.end();
+                std::vector<float> dense[2], tokens[2];
+                for (int run = 0; run < 2; ++run) {
+                    set_num_threads(run == 0 ? 1 : 16);
+                    dense[run].assign(std::size_t(p.batch * p.s_q * p.hidden), 0.0f);
+                    tokens[run].assign(packed.x.size(), 0.0f);
+                    layer.forward(data.inputs(), view(dense[run], {p.batch, p.s_q, p.hidden}));
+                    if (has_packed)
+                        layer.forward_packed(packed.inputs(), view(tokens[run], {packed.tokens(), p.hidden}));
+                }
+                const std::string what = v->name + " in " + precision_name(precision) + " on " + p.name();
+                EXPECT_TRUE(dense[0] == dense[1]) << what << ": forward differs at 16 threads";
+                EXPECT_TRUE(tokens[0] == tokens[1]) << what << ": forward_packed differs at 16 threads";
+                ++compared;
             }
-            const std::string what = v->name + " in " + precision_name(precision);
-            EXPECT_TRUE(dense[0] == dense[1]) << what << ": forward differs at 16 threads";
-            EXPECT_TRUE(tokens[0] == tokens[1]) << what << ": forward_packed differs at 16 threads";
-            ++compared;
         }
     }
-    set_num_threads(before);
     std::cout << "[   INFO   ] " << compared << " CPU variants and precisions compared\n";
     EXPECT_GT(compared, 0);
 }
 
 // What the kernels' parallel loops offer many threads: a BERT-base layer at B=1 S=128 on the
 // default variant, its loops noted through Halide's do_par_for and do_task hooks (a loop run
-// inside a task is nested in the loop that task belongs to). At 16 threads, the four
-// projections and the attention core each offer at least 24 tasks (one panel or one head a
-// task, the core has 12 and, with AVX-512's 48-feature panels, each projection 16); at 2
-// threads they keep the coarse tasks, so fewer loops offer that many (with AVX2's 24-feature
-// panels the projections' 32 already do, the core's 12 do not).
+// inside a task is nested in the loop that task belongs to). The same call's loops, in the
+// same order, at 2 threads and at 16: at 16, the four projections (a panel by a block of
+// rows a task) and the attention core (a head's query block a task) each offer more tasks
+// than at 2 (a panel, a head), and at least 24; LayerNorm's rows offer as many either way.
 thread_local int task_depth = 0;
 std::mutex loops_mutex;
 std::vector<std::pair<int, int>> loop_tasks;  // per top-level loop: its iterations, the most of a loop in it
@@ -347,20 +363,21 @@ int noting_par_for(void *user_context, halide_task_t f, int min, int size, uint8
     }
     return halide_default_do_par_for(user_context, f, min, size, closure);
 }
-// How many of the loops of one forward call at `threads` offer at least `tasks` tasks.
-int loops_offering(const Attention &layer, const LayerData &data, int threads, int tasks) {
+// The tasks each top-level loop of one forward call offers at `threads`.
+std::vector<int> tasks_per_loop(const Attention &layer, const LayerData &data, int threads) {
     const Problem &p = data.problem;
     std::vector<float> y(std::size_t(p.batch * p.s_q * p.hidden));
     set_num_threads(threads);
     layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden}));  // the pool starts
-    const halide_do_par_for_t old_par_for = halide_set_custom_do_par_for(noting_par_for);
-    const halide_do_task_t old_task = halide_set_custom_do_task(noting_loop_task);
     loop_tasks.clear();
+    halide_set_custom_do_par_for(noting_par_for);
+    halide_set_custom_do_task(noting_loop_task);
     layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden}));
-    halide_set_custom_do_par_for(old_par_for);
-    halide_set_custom_do_task(old_task);
-    return int(std::count_if(loop_tasks.begin(), loop_tasks.end(),
-                             [&](const std::pair<int, int> &l) { return l.first * l.second >= tasks; }));
+    halide_set_custom_do_par_for(halide_default_do_par_for);
+    halide_set_custom_do_task(halide_default_do_task);
+    std::vector<int> tasks;
+    for (const auto &[iterations, nested] : loop_tasks) tasks.push_back(iterations * nested);
+    return tasks;
 }
 
 TEST(Threads, SixteenThreadsFindTasksInEveryLargeLoop) {
@@ -370,13 +387,18 @@ TEST(Threads, SixteenThreadsFindTasksInEveryLargeLoop) {
     Problem p;  // BERT-base, B=1 S=128
     const LayerData data(p);
     const Attention layer(p.config(), data.weights(), variant.name);
-    const int before = set_num_threads(1);
-    const int at_sixteen = loops_offering(layer, data, 16, 24), at_two = loops_offering(layer, data, 2, 24);
-    set_num_threads(before);
-    EXPECT_GE(at_sixteen, 5) << variant.name << ": the projections and the core should each offer 24 tasks or more";
-    EXPECT_GT(at_sixteen, at_two) << variant.name << ": at 2 threads the coarse tasks should be kept";
-    std::cout << "[   INFO   ] " << variant.name << ": " << at_sixteen << " loops offer 24 tasks or more at 16 threads, "
-              << at_two << " at 2\n";
+    const KernelThreadsRestored restored;
+    const std::vector<int> at_two = tasks_per_loop(layer, data, 2), at_sixteen = tasks_per_loop(layer, data, 16);
+    ASSERT_EQ(at_two.size(), at_sixteen.size()) << variant.name << ": the call's parallel loops differ in number";
+    int grown = 0;
+    std::string loops;
+    for (std::size_t l = 0; l < at_two.size(); ++l) {
+        if (at_sixteen[l] > at_two[l] && at_sixteen[l] >= 24) ++grown;
+        loops += " " + std::to_string(at_two[l]) + "->" + std::to_string(at_sixteen[l]);
+    }
+    EXPECT_GE(grown, 5) << variant.name << ": the projections and the core should each offer more tasks, and 24 or "
+                        << "more, at 16 threads; tasks per loop at 2 -> 16 threads:" << loops;
+    std::cout << "[   INFO   ] " << variant.name << ", tasks per parallel loop at 2 -> 16 threads:" << loops << "\n";
 }
 
 TEST(ScratchCache, LargeIntermediatesAreKeptForTheNextCall) {
