@@ -325,25 +325,22 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
                 add(kLayerFunction, v->name, lp, [v, &lp] { return function_case("attention_layer_packed", *v, lp); });
                 add(kLayerFunction, "per_sequence_" + v->name, lp, [v, &lp] { return per_sequence_layer(*v, lp); });
             }
-            for (const ReducedPrecision &p : kReducedPrecisions) {
-                for (const VariantInfo *v : precision_variants(p.precision)) {
-                    add(kLayerFunction, v->name + "_" + p.name, lp,
-                        [v, &lp, &p] { return function_case(p.packed_layer, *v, lp); });
-                }
+        } else {
+            for (const VariantInfo *v : timed) {
+                add(kLayerFunction, v->name, lp, [v, &lp] { return function_case(kLayerFunction, *v, lp); });
             }
-            continue;
-        }
-        for (const VariantInfo *v : timed) {
-            add(kLayerFunction, v->name, lp, [v, &lp] { return function_case(kLayerFunction, *v, lp); });
         }
         // The layer in bf16 and int8 (attn::Precision), beside the fp32 variants and peers:
-        // <variant>_bf16, <variant>_int8.
+        // <variant>_bf16, <variant>_int8, a candidate's too (attn_bench --candidate).
         for (const ReducedPrecision &p : kReducedPrecisions) {
-            for (const VariantInfo *v : timed) {  // candidates included (tools/autotune.py)
-                if (std::find(v->functions.begin(), v->functions.end(), p.layer) == v->functions.end()) continue;
-                add(kLayerFunction, v->name + "_" + p.name, lp, [v, &lp, &p] { return function_case(p.layer, *v, lp); });
+            const char *function = lp.problem.packed ? p.packed_layer : p.layer;
+            for (const VariantInfo *v : timed) {
+                if (!v->provides(function)) continue;
+                add(kLayerFunction, v->name + "_" + p.name, lp,
+                    [v, &lp, function] { return function_case(function, *v, lp); });
             }
         }
+        if (lp.problem.packed) continue;
         add(kLayerFunction, "openblas_roofline", lp, [&lp] { return openblas_layer(true, lp); });
         add(kLayerFunction, "openblas_unfused", lp, [&lp] { return openblas_layer(false, lp); });
         const bool short_context = lp.problem.s_q <= kLongestStageSeq;
@@ -355,7 +352,7 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
             }
             for (const auto &[function, precision] : stage.reduced) {
                 for (const VariantInfo *v : timed) {
-                    if (std::find(v->functions.begin(), v->functions.end(), function) == v->functions.end()) continue;
+                    if (!v->provides(function)) continue;
                     add(name, v->name + "_" + precision, lp,
                         [function = function, v, &lp] { return function_case(function, *v, lp); });
                 }

@@ -72,7 +72,7 @@ TEST(Gpu, DeviceMemoryNeedsACudaVariant) {
     const Problem &p = data.problem;
     std::vector<const VariantInfo *> candidates{&select_variant()};
     for (const VariantInfo &v : variants()) {
-        if (v.device == "opencl" && v.runnable && provides(v, "attention_layer")) candidates.push_back(&v);
+        if (v.device == "opencl" && v.runnable && v.provides("attention_layer")) candidates.push_back(&v);
     }
     for (const VariantInfo *v : candidates) {
         Attention layer(p.config(), data.weights(), v->name);
@@ -211,7 +211,7 @@ TEST(Gpu, CudaRegisterCapLeavesTheEnvironmentAsFound) {
     const LayerData data(small_gpu_problem());
     const Problem &p = data.problem;
     for (const VariantInfo &v : cuda) {
-        if (!provides(v, "attention_layer")) continue;
+        if (!v.provides("attention_layer")) continue;
         const Attention layer(p.config(), data.weights(), v.name);
         GuardedOutput y({p.batch, p.s_q, p.hidden});
         EXPECT_NO_THROW(layer.forward(data.inputs(), y.view())) << v.name;

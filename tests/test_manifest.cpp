@@ -99,7 +99,7 @@ TEST(Manifest, AVariantWithMinShapesFallsBackToTheHandWrittenVariantBelowThem) {
         EXPECT_EQ(fallback->device, v.device);
         for (const auto &[function, m] : v.min_shapes) {
             ++bounded;
-            EXPECT_TRUE(provides(*fallback, function)) << v.fallback << " " << function;
+            EXPECT_TRUE(fallback->provides(function)) << v.fallback << " " << function;
             EXPECT_TRUE(v.runs_own_kernels(function, m)) << v.name << " " << function;
             for (const ProblemDimension &dimension : kProblemDimensions) {
                 int64_t ProblemExtents::*d = dimension.extent;

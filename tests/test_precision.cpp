@@ -182,7 +182,7 @@ TEST_P(ReducedPrecisionTest, RefusesWhatItCannotDo) {
         return;
     }
     for (const VariantInfo &variant : variants()) {
-        if (!variant.runnable || provides(variant, "qkv_projection_bf16")) continue;
+        if (!variant.runnable || variant.provides("qkv_projection_bf16")) continue;
         expect_error("variant", "does not provide qkv_projection_bf16; the variants that do: ",
                      [&] { project(variant, config); });
         break;

@@ -210,6 +210,21 @@ TEST_P(PropertyTest, EightThreadsSharingOneAttentionGetTheSingleThreadedResult) 
     for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[std::size_t(t)], "") << "thread " << t;
 }
 
+// Restores the kernels' thread count and Halide's task hooks when a test leaves, however
+// (it starts at 1 thread and Halide's own hooks).
+struct KernelThreadsRestored {
+    int threads = set_num_threads(1);
+    halide_do_par_for_t par_for = halide_set_custom_do_par_for(halide_default_do_par_for);
+    halide_do_task_t task = halide_set_custom_do_task(halide_default_do_task);
+    halide_do_loop_task_t loop_task = halide_set_custom_do_loop_task(halide_default_do_loop_task);
+    ~KernelThreadsRestored() {
+        set_num_threads(threads);
+        halide_set_custom_do_par_for(par_for);
+        halide_set_custom_do_task(task);
+        halide_set_custom_do_loop_task(loop_task);
+    }
+};
+
 // The kernels' threads (attn::set_num_threads): every task of a parallel loop runs on one
 // of at most the threads set, and where more than one is allowed, more than one works.
 // Halide runs each task through halide_do_task or halide_do_loop_task, which the test
@@ -238,9 +253,9 @@ TEST(Threads, KernelsRunOnAtMostTheThreadsSet) {
     const Attention layer(p.config(), data.weights(), variant.name);
     const Shape y_shape{p.batch, p.s_q, p.hidden};
     std::vector<float> y(std::size_t(p.batch * p.s_q * p.hidden));
-    const halide_do_task_t old_do_task = halide_set_custom_do_task(noting_do_task);
-    const halide_do_loop_task_t old_do_loop_task = halide_set_custom_do_loop_task(noting_do_loop_task);
-    const int before = set_num_threads(1);
+    const KernelThreadsRestored restored;
+    halide_set_custom_do_task(noting_do_task);
+    halide_set_custom_do_loop_task(noting_do_loop_task);
     for (const int threads : {1, 2, 3}) {
         set_num_threads(threads);
         EXPECT_EQ(num_threads(), threads);
@@ -261,9 +276,6 @@ TEST(Threads, KernelsRunOnAtMostTheThreadsSet) {
         std::cout << "[   INFO   ] " << variant.name << ", " << threads << " threads set: tasks ran on " << most
                   << "\n";
     }
-    halide_set_custom_do_task(old_do_task);
-    halide_set_custom_do_loop_task(old_do_loop_task);
-    set_num_threads(before);
     EXPECT_THROW(set_num_threads(-1), Error);
     try {
         set_num_threads(257);
@@ -273,22 +285,6 @@ TEST(Threads, KernelsRunOnAtMostTheThreadsSet) {
         EXPECT_NE(std::string(e.what()).find("257"), std::string::npos) << e.what();
     }
 }
-
-// The host scratch cache (runtime/src/host_scratch.cpp): a second call of the same shape
-// takes no new large block from the system and gives bit for bit the first call's result
-// (kept blocks hold the last call's values, which nothing may read); threads calling at
-// once each get their own blocks; release_scratch_memory gives back what is kept.
-// Restores the kernels' thread count and Halide's task hooks when a test leaves, however.
-struct KernelThreadsRestored {
-    int threads = set_num_threads(1);
-    halide_do_par_for_t par_for = halide_set_custom_do_par_for(halide_default_do_par_for);
-    halide_do_task_t task = halide_set_custom_do_task(halide_default_do_task);
-    ~KernelThreadsRestored() {
-        set_num_threads(threads);
-        halide_set_custom_do_par_for(par_for);
-        halide_set_custom_do_task(task);
-    }
-};
 
 // On more than 4 kernel threads the hand-written CPU schedules split their work finer (a
 // projection's panels by blocks of rows, a head's query blocks: schedules/cpu_manual.cpp,
@@ -315,8 +311,7 @@ TEST(Threads, SixteenKernelThreadsGiveWhatOneGives) {
                 const Attention layer(config, data.weights(), v->name);
                 const std::string packed_function =
                     precision == Precision::fp32 ? "attention_layer_packed" : reduced_precision(precision).packed_layer;
-                const bool has_packed =
-                    std::find(v->functions.begin(), v->functions.end(), packed_function) != v->functions.end();
+                const bool has_packed = v->provides(packed_function);
                 std::vector<float> dense[2], tokens[2];
                 for (int run = 0; run < 2; ++run) {
                     set_num_threads(run == 0 ? 1 : 16);
@@ -401,6 +396,10 @@ TEST(Threads, SixteenThreadsFindTasksInEveryLargeLoop) {
     std::cout << "[   INFO   ] " << variant.name << ", tasks per parallel loop at 2 -> 16 threads:" << loops << "\n";
 }
 
+// The host scratch cache (runtime/src/host_scratch.cpp): a second call of the same shape
+// takes no new large block from the system and gives bit for bit the first call's result
+// (kept blocks hold the last call's values, which nothing may read); threads calling at
+// once each get their own blocks; release_scratch_memory gives back what is kept.
 TEST(ScratchCache, LargeIntermediatesAreKeptForTheNextCall) {
     const VariantInfo &variant = select_variant();
     release_scratch_memory();

@@ -34,8 +34,8 @@ const VariantInfo &reduced_variant(const Config &config, const std::string &name
     const std::string precision = p.name;
     const std::string allow = "set config.allow_storage_only to " + std::string(p.without_feature);
     if (!name.empty()) {
-        const VariantInfo &v = select_variant(name);  // a registered candidate's too (tools/autotune.py)
-        if (std::find(v.functions.begin(), v.functions.end(), p.layer) == v.functions.end())
+        const VariantInfo &v = select_variant(name);  // a registered candidate's too (attn_bench --candidate)
+        if (!v.provides(p.layer))
             throw Error("variant", "'" + name + "' has no " + precision + " layer (precision " + precision +
                                        "): it does not provide " + p.layer + " and does not provide " + p.packed_layer +
                                        "; the variants that do: " + variants_providing(p.layer, p));

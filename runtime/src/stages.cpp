@@ -35,7 +35,7 @@ std::string stage_function(const VariantInfo &variant, const Config &config, con
     if (config.precision == Precision::fp32) return stage;
     const ReducedPrecision &p = reduced_precision(config.precision);
     const std::string function = stage + "_" + p.name;
-    if (std::find(variant.functions.begin(), variant.functions.end(), function) == variant.functions.end())
+    if (!variant.provides(function))
         throw Error("variant", "'" + variant.name + "' has no " + p.name + " " + stage + " (precision " + p.name +
                                    "): it does not provide " + function + "; the variants that do: " +
                                    variants_providing(function, p));

@@ -52,7 +52,7 @@ void check_computes_natively(const VariantInfo &variant, const Config &config) {
 std::string variants_providing(const std::string &function, const ReducedPrecision &p) {
     std::string names;
     for (const VariantInfo &v : variants()) {
-        if (std::find(v.functions.begin(), v.functions.end(), function) == v.functions.end()) continue;
+        if (!v.provides(function)) continue;
         names += (names.empty() ? "" : ", ") + v.name +
                  (computes_natively(v, p.precision) ? "" : " (without " + std::string(p.cpu_feature) + ")");
     }

@@ -122,6 +122,10 @@ const std::vector<VariantInfo> &variants() {
     return infos;
 }
 
+bool VariantInfo::provides(const std::string &function) const {
+    return std::find(functions.begin(), functions.end(), function) != functions.end();
+}
+
 bool VariantInfo::runs_own_kernels(const std::string &function, const ProblemExtents &call) const {
     const auto found = min_shapes.find(function);
     if (found == min_shapes.end()) return true;
@@ -275,7 +279,7 @@ std::vector<const VariantInfo *> precision_variants(Precision precision) {
     std::vector<const VariantInfo *> out;
     for (const VariantInfo &v : variants()) {
         if (precision == Precision::fp32 ||
-            std::find(v.functions.begin(), v.functions.end(), reduced_precision(precision).layer) != v.functions.end())
+            v.provides(reduced_precision(precision).layer))
             out.push_back(&v);
     }
     return out;

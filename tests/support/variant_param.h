@@ -28,12 +28,6 @@ inline std::string variant_problem_name(const ::testing::TestParamInfo<VariantPr
     GTEST_SKIP() << "variant " << (variant).name << " (" << (variant).target \
                  << ") cannot run on this machine: " << (variant).not_runnable_reason
 
-// Whether the variant provides the manifest function (VariantInfo::functions, from
-// manifest.json's not_provided).
-inline bool provides(const VariantInfo &variant, const std::string &function) {
-    return std::find(variant.functions.begin(), variant.functions.end(), function) != variant.functions.end();
-}
-
 // Runs `call`, a call of the variant's `function`; false when the variant does not
 // provide the function (manifest.json: not_provided), and then the call must be refused
 // with attn::Error("variant") saying so. Every variant runs every shape of a function it
@@ -41,7 +35,7 @@ inline bool provides(const VariantInfo &variant, const std::string &function) {
 // fails the test.
 template <typename Call>
 bool ran_or_refused(const VariantInfo &variant, const std::string &function, Call &&call) {
-    if (provides(variant, function)) {
+    if (variant.provides(function)) {
         call();
         return true;
     }

@@ -198,6 +198,7 @@ struct VariantInfo {
     // attention_layer_probs (the fused layer, without and with the probabilities), and
     // attention_layer_packed and attention_layer_packed_probs (the same over packed sequences).
     std::vector<std::string> functions;
+    bool provides(const std::string &function) const;  // `function` is one of `functions`
     bool bitwise_reproducible = true;  // the same input gives the same bits on every run
     // Every variant runs every valid shape. Most do it with their own kernels; a few
     // (manifest.json: min_shapes, the GPU autoscheduled ones) have kernels whose tiles
