@@ -133,4 +133,59 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, SoftmaxFillTest,
                          variant_fill_name);
 
 }  // namespace
+// The flash core's merge of a key block into its running state, on scores that make each
+// block's max move: every 256 keys (the key blocks are 512 or 1024 keys, the GPU's 32) the
+// bias rises or falls by 1000 (the old state or the block rescaled to exactly 0), or rises by
+// less than ln 2 (a factor of 1 or ½); or two keys of each row reach 2e30 and 3e30 (beyond
+// 1e30 a block's offset is its max itself), and a head whose every score is near -2e30. Cross
+// attention, 8 queries over 1100 keys: three key blocks on the CPU's short class, two on its
+// long one.
+enum class BlockMax { rising, falling, rising_by_little, beyond_1e30 };
+using VariantCoreCase = std::tuple<VariantInfo, std::string, BlockMax>;
+
+class FlashCoreTest : public ::testing::TestWithParam<VariantCoreCase> {};
+
+TEST_P(FlashCoreTest, MergesKeyBlocksWhoseMaxMoves) {
+    const auto &[variant, function, block_max] = GetParam();
+    ATTN_SKIP_IF_NOT_RUNNABLE(variant);
+    Problem p;
+    p.batch = 1, p.s_q = 8, p.s_k = 1100, p.hidden = 128, p.heads = 2, p.cross = true, p.bias = true;
+    LayerData data(p);
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> noise(-1.0f, 1.0f);
+    for (int64_t h = 0; h < p.heads; ++h) {
+        for (int64_t i = 0; i < p.s_q; ++i) {
+            for (int64_t j = 0; j < p.s_k; ++j) {
+                const float group = float(j / 256);
+                float bias = noise(rng);
+                switch (block_max) {
+                    case BlockMax::rising: bias += 1000.0f * group; break;
+                    case BlockMax::falling: bias -= 1000.0f * group; break;
+                    case BlockMax::rising_by_little: bias += 0.6f * group; break;
+                    case BlockMax::beyond_1e30:
+                        bias = h == 1 ? -2e30f : j == 300 + i ? 2e30f : j == 800 + i ? 3e30f : bias;
+                        break;
+                }
+                data.bias[std::size_t((h * p.s_q + i) * p.s_k + j)] = bias;
+            }
+        }
+    }
+    const AttentionInputs layer = data.inputs();
+    detail::CallInputs in;
+    in.q = layer.x, in.k = in.v = layer.kv, in.bias = layer.bias;
+    check_function_on(variant, function, {p.config(), p.batch, p.s_q, p.s_k}, in);
+}
+
+std::string variant_core_case_name(const ::testing::TestParamInfo<VariantCoreCase> &info) {
+    static const char *const names[] = {"rising", "falling", "rising_by_little", "beyond_1e30"};
+    return std::get<0>(info.param).name + "__" + std::get<1>(info.param) + "__" + names[int(std::get<2>(info.param))];
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, FlashCoreTest,
+                         ::testing::Combine(::testing::ValuesIn(variants()),
+                                            ::testing::Values("attention_core", "attention_core_bf16"),
+                                            ::testing::Values(BlockMax::rising, BlockMax::falling,
+                                                              BlockMax::rising_by_little, BlockMax::beyond_1e30)),
+                         variant_core_case_name);
+
 }  // namespace attn::testing

@@ -1,5 +1,6 @@
 #include "function_check.h"
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -70,30 +71,47 @@ bool function_applies(const std::string &function, const Problem &problem) {
     return !(packed && problem.cross);
 }
 
-void check_function(const VariantInfo &variant, const std::string &function, const Problem &problem) {
-    if (!detail::has_function_call(function)) {
-        ADD_FAILURE() << "no by-name call of manifest function " << function << " (attn/function_calls.h)";
-        return;
-    }
+namespace {
+// Runs the call on `in` and checks its outputs against `reference` (called only if it ran).
+void run_and_check(const VariantInfo &variant, const std::string &function, const detail::CallShape &shape,
+                   const CallInputs &in, const std::function<const CallReference &()> &reference) {
     const FunctionCall &call = detail::function_call(function);
-    const CallInputs &in = inputs_of(problem, call.reads_intermediates);
     std::vector<GuardedOutput> outputs;
     std::vector<MutableTensor> views;
-    const std::vector<CallOutput> shapes = call.outputs(call_shape(problem), in);
+    const std::vector<CallOutput> shapes = call.outputs(shape, in);
     outputs.reserve(shapes.size());
     for (const CallOutput &o : shapes) outputs.emplace_back(o.shape);
     for (GuardedOutput &o : outputs) views.push_back(o.view());
-    auto run = [&] { call.prepare(variant, call_shape(problem), in, views)(); };
+    auto run = [&] { call.prepare(variant, shape, in, views)(); };
     if (!ran_or_refused(variant, function, run)) {
         for (const GuardedOutput &o : outputs)
             EXPECT_TRUE(o.guards_intact()) << "a refused call wrote outside its outputs";
         return;
     }
-    const CallReference &ref = reference_of(function, problem, in);
+    const CallReference &ref = reference();
     for (std::size_t i = 0; i < outputs.size(); ++i) {
         expect_matches_reference(shapes[i].name.c_str(), outputs[i], ref.exact[i], ref.float32[i],
                                  i < ref.allowance.size() ? ref.allowance[i] : std::vector<double>());
     }
+}
+}  // namespace
+
+void check_function(const VariantInfo &variant, const std::string &function, const Problem &problem) {
+    if (!detail::has_function_call(function)) {
+        ADD_FAILURE() << "no by-name call of manifest function " << function << " (attn/function_calls.h)";
+        return;
+    }
+    const CallInputs &in = inputs_of(problem, detail::function_call(function).reads_intermediates);
+    run_and_check(variant, function, call_shape(problem), in,
+                  [&]() -> const CallReference & { return reference_of(function, problem, in); });
+}
+
+void check_function_on(const VariantInfo &variant, const std::string &function, const detail::CallShape &shape,
+                       const CallInputs &inputs) {
+    CallReference ref;
+    run_and_check(variant, function, shape, inputs, [&]() -> const CallReference & {
+        return ref = detail::function_call(function).reference(shape, inputs);
+    });
 }
 
 }  // namespace attn::testing

@@ -20,4 +20,8 @@ bool function_applies(const std::string &function, const Problem &problem);
 // (ran_or_refused). Failures are reported through gtest.
 void check_function(const VariantInfo &variant, const std::string &function, const Problem &problem);
 
+// The same on inputs the caller made (a test's own hard cases), of these extents.
+void check_function_on(const VariantInfo &variant, const std::string &function, const detail::CallShape &shape,
+                       const detail::CallInputs &inputs);
+
 }  // namespace attn::testing
