@@ -193,6 +193,33 @@ TEST_P(ReducedPrecisionTest, RefusesWhatItCannotDo) {
     }
 }
 
+// A variant without a bf16 layer or stage is refused naming the variants that have one, a
+// candidate registered at run time (attn_bench --candidate) among them: the compiled functions
+// of a bf16 variant under another name, as attn_bench registers a tuning candidate's.
+TEST(Bf16, ARefusalNamesTheRegisteredCandidatesThatHaveIt) {
+    const VariantInfo *bf16 = first_runnable(Precision::bf16, true);
+    if (!bf16) bf16 = first_runnable(Precision::bf16, false);
+    const auto without = std::find_if(variants().begin(), variants().end(), [](const VariantInfo &v) {
+        return v.runnable && v.device == "cpu" && !v.provides("attention_layer_bf16");
+    });
+    if (!bf16 || without == variants().end()) GTEST_SKIP() << "needs a runnable CPU variant with bf16 and one without";
+    VariantInfo info = *bf16;
+    info.name = "candidate_refusal_test", info.schedule = "candidate";
+    detail::register_variant(info, detail::runnable_functions(*bf16));
+    const Problem p = small();
+    const LayerData d(p);
+    const Config config = reduced_config(p, Precision::bf16, true);
+    expect_error("variant", "candidate_refusal_test", [&] { Attention(config, d.weights(), without->name); });
+    std::vector<float> q(d.x.size()), k(d.x.size()), v(d.x.size());
+    const Shape shape{p.batch, p.s_q, p.hidden};
+    expect_error("variant", "candidate_refusal_test", [&] {
+        stages::qkv_projection(*without, config, d.inputs().x, d.inputs().x, d.weights(), view(q, shape),
+                               view(k, shape), view(v, shape));
+    });
+    // The candidate itself runs: select_variant finds it by name.
+    Attention(config, d.weights(), info.name);
+}
+
 // The softmax has no products: a bf16 config computes it in f32, as fp32 does, bit for bit.
 TEST(Bf16, MaskedSoftmaxIsTheFp32One) {
     const Problem p = small();

@@ -1,5 +1,7 @@
 #include "validation.h"
 
+#include "attn/internal.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -51,10 +53,10 @@ void check_computes_natively(const VariantInfo &variant, const Config &config) {
 
 std::string variants_providing(const std::string &function, const ReducedPrecision &p) {
     std::string names;
-    for (const VariantInfo &v : variants()) {
-        if (!v.provides(function)) continue;
-        names += (names.empty() ? "" : ", ") + v.name +
-                 (computes_natively(v, p.precision) ? "" : " (without " + std::string(p.cpu_feature) + ")");
+    for (const VariantInfo *v : detail::compiled_and_registered_variants()) {  // a registered candidate's too
+        if (!v->provides(function)) continue;
+        names += (names.empty() ? "" : ", ") + v->name +
+                 (computes_natively(*v, p.precision) ? "" : " (without " + std::string(p.cpu_feature) + ")");
     }
     return names.empty() ? "none in this build" : names;
 }

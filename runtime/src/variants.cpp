@@ -388,6 +388,12 @@ const CompiledFunction &function_for(const VariantInfo &variant, const std::stri
     throw Error("variant", "'" + variant.name + "' has no " + function + " for sequences of " + std::to_string(seq));
 }
 
+std::vector<const VariantInfo *> compiled_and_registered_variants() {
+    std::vector<const VariantInfo *> out;
+    for (const Entry &e : entries()) out.push_back(&e.info);
+    return out;
+}
+
 const VariantInfo &register_variant(VariantInfo info, FunctionTable functions) {
     for (const Entry &e : entries()) {
         if (e.info.name == info.name) throw Error("variant", "'" + info.name + "' is already registered");

@@ -73,6 +73,8 @@ const CompiledFunction &function_for(const VariantInfo &variant, const std::stri
 // select_variant(info.name) finds it; variants() keeps listing the compiled ones only.
 // Not thread-safe: register before any other thread uses the library.
 const VariantInfo &register_variant(VariantInfo info, FunctionTable functions);
+// The compiled variants in manifest order, then those registered at run time.
+std::vector<const VariantInfo *> compiled_and_registered_variants();
 
 // Whether this CPU has the features the ISA's code uses (manifest.json); `missing` names them.
 bool cpu_supports(const std::string &isa, std::string *missing);
