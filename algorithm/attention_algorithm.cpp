@@ -1,6 +1,5 @@
 #include "attention_algorithm.h"
 
-#include <functional>
 #include <limits>
 
 namespace attn_gen {
@@ -393,26 +392,25 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     f.block_max = Func{"block_max"};
     f.block_max(qi, qb, kb, h, b) = kLowest;
     f.block_max(qi, qb, kb, h, b) = max(f.block_max(qi, qb, kb, h, b), select(kept, score, kLowest));
-    // What the block's exponentials are taken from: the max rounded up to a multiple of ln 2.
-    // Two reasons. The merge of a block into the running state then rescales by an exact
-    // power of 2 (below), a few integer operations instead of an exponential per element. And
-    // in bf16, exp(s − offset) is exp(s) times a power of 2 (to f32's error) whichever block
-    // it is: its rounding to bf16 is then the same in every block and in the reference (which
-    // takes any multiple of ln 2). The weights stay in (½, 1] at the block's max. A block with
-    // no key kept keeps kLowest, and a max beyond ±1e30 (whose multiple of ln 2 would
-    // overflow) itself, as the reference does; a NaN stays NaN, so that it reaches the
-    // context through the running rescale.
-    // (bf16 names it as a Func, block_offset; fp32 computes it where it is read, inline, so
-    // that fp32's stages stay the ones the frozen schedules name.)
-    const float ln2 = 0.693147180559945309f;
-    auto offset_at = [&](Expr block_max) {
-        return select(block_max == kLowest || abs(block_max) > 1e30f, block_max, ceil(block_max * (1.0f / ln2)) * ln2);
-    };
-    std::function<Expr(Expr)> offset_of = [&](Expr block) { return offset_at(f.block_max(qi, qb, block, h, b)); };
+    // What the block's exponentials are taken from. fp32: its max. bf16: the max rounded up
+    // to a multiple of ln 2, so that exp(s − offset) is exp(s) times a power of 2 (to f32's
+    // error) whichever block it is: its rounding to bf16 is then the same in every block
+    // and in the reference (which takes any multiple of ln 2), and the weights stay in (½, 1]
+    // at the block's max. Never below the max: beyond about 1e4 the f32 product may round
+    // under it, and from about 1e9 on, where an ulp passes 88, a weight would overflow to
+    // infinity (the max itself is used then: exact multiples of ln 2 do not exist at that
+    // size in f32 anyway). A block with no key kept keeps kLowest, and a max beyond ±1e30
+    // (whose multiple of ln 2 would overflow) itself, as the reference does; a NaN stays NaN,
+    // so that it reaches the context through the running rescale, as in fp32.
+    // (fp32 defines no Func for it, which would change the stages frozen schedules name.)
+    Func offset_of = f.block_max;
     if (bf16) {
-        f.block_offset = Func{"block_offset"};
-        f.block_offset(qi, qb, kb, h, b) = offset_at(f.block_max(qi, qb, kb, h, b));
-        offset_of = [&](Expr block) { return f.block_offset(qi, qb, block, h, b); };
+        Expr block_max = f.block_max(qi, qb, kb, h, b);
+        const float ln2 = 0.693147180559945309f;
+        offset_of = f.block_offset = Func{"block_offset"};
+        f.block_offset(qi, qb, kb, h, b) =
+            select(block_max == kLowest || abs(block_max) > 1e30f, block_max,
+                   max(ceil(block_max * (1.0f / ln2)) * ln2, block_max));
     }
     f.block_exp = Func{"block_exp"};
     const Type weight_type = bf16 ? BFloat(16) : Float(32);
@@ -425,7 +423,7 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     // operand), so that it reaches the sum and the context, as in the reference.
     f.block_exp(lane, chunk, qi, qb, kb, h, b) =
         cast(weight_type,
-             select(kept, select(is_nan(score), score, fast_exp(max(score - offset_of(kb), -87.0f))),
+             select(kept, select(is_nan(score), score, fast_exp(max(score - offset_of(qi, qb, kb, h, b), -87.0f))),
                     0.0f));
     Expr weight = cast<float>(f.block_exp(lane, chunk, qi, qb, kb, h, b));
     f.block_sum = Func{"block_sum"};
@@ -451,17 +449,12 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     f.running = Func{"running"};
     f.running(e, qi, qb, h, b) = Tuple(0.0f, kLowest, 0.0f);
     FuncRef now = f.running(e, qi, qb, h, b);
-    Expr offset = offset_of(block);
+    Expr offset = offset_of(qi, qb, block, h, b);
     Expr new_max = max(now[1], offset);
-    // exp(now[1] − new_max) and exp(offset − new_max): one of them is exp(0) = 1, and the
-    // other exp(−|now[1] − offset|), exp(−n·ln 2) = 2^−n for both offsets multiples of ln 2:
-    // built from its exponent bits, 0 from n = 127 on (kLowest against a real offset). Beyond
-    // ±1e30 an offset is the max itself, and any other offset is then at least 2^76 away.
-    // A NaN offset or running max gives a NaN factor, so that the NaN reaches the context.
+    // exp(now[1] − new_max) and exp(offset − new_max): one of them is exp(0) = 1, so
+    // one exponential of −|now[1] − offset| gives both.
     Expr block_is_max = offset >= now[1];
-    Expr distance = abs(now[1] - offset);
-    Expr halvings = cast<int>(round(min(distance * (1.0f / ln2), 127.0f)));
-    Expr rescale = select(is_nan(distance), distance, reinterpret<float>((127 - halvings) << 23));
+    Expr rescale = exp(-abs(now[1] - offset));
     Expr keep_old = select(block_is_max, rescale, 1.0f), keep_block = select(block_is_max, 1.0f, rescale);
     f.running(e, qi, qb, h, b) = Tuple(now[0] * keep_old + f.block_context(e, qi, qb, block, h, b) * keep_block,
                                        new_max, now[2] * keep_old + f.block_sum(qi, qb, block, h, b) * keep_block);

@@ -223,12 +223,11 @@ Halide::Func last_real_key(Halide::Func key_padding_mask, Halide::Expr s_k);
 // The attention core without an S_q × S_k buffer (flash-style), for the fused layer when
 // the probabilities are not an output: the queries in blocks of Q = query_block, the keys
 // in blocks of K = key_block. For each query block, the key blocks are folded in one at
-// a time with an online softmax: a block's scores, their max rounded up to a multiple of
-// ln 2 m_b (its offset), the exponentials exp(s − m_b), their sum l_b and their weighted sum
-// of V c_b are merged into a running (context, max, sum) = (c, m, l) as m' = max(m, m_b),
-// c' = c·exp(m − m') + c_b·exp(m_b − m') and l' = l·exp(m − m') + l_b·exp(m_b − m'), each
-// factor 1 or an exact power of 2 (no exponential per element); the context is c / l at
-// the end (zeros where l = 0: no key kept). Keys that no query of the block may see are never visited: the
+// a time with an online softmax: a block's scores, their max m_b, the exponentials
+// exp(s − m_b), their sum l_b and their weighted sum of V c_b are merged into a running
+// (context, max, sum) = (c, m, l) as m' = max(m, m_b), c' = c·exp(m − m') + c_b·exp(m_b − m')
+// and l' = l·exp(m − m') + l_b·exp(m_b − m'); the context is c / l at the end (zeros where
+// l = 0: no key kept). Keys that no query of the block may see are never visited: the
 // loop over key blocks, and within the last block visited the loop over its chunks of
 // key_chunk keys, stop at the causal diagonal of the block's last query and at the
 // batch's last real key; a query block wholly past query_end(b), when given (the end of
@@ -238,9 +237,9 @@ Halide::Func last_real_key(Halide::Func key_padding_mask, Halide::Expr s_k);
 // and int8 layers' projections store them already rounded: the casts are then no-ops), and so are
 // the exponentials, which P·V and the sums take as rounded: QKᵀ sums pairs of head
 // features and P·V pairs of keys, bf16 products summed in f32 (vdpbf16ps where the target
-// has it). As the exponentials are taken from an offset that is a multiple of ln 2
-// (block_offset), each weight is exp(score) times a power of 2 and rounds to bf16 the same
-// whatever the blocking (DESIGN.md, "Reduced precision").
+// has it). The exponentials are taken from the block's max rounded up to a multiple of ln 2
+// (block_offset), so that each weight is exp(score) times a power of 2 and rounds to bf16 the
+// same whatever the blocking (DESIGN.md, "Reduced precision").
 struct FlashAttention {
     Precision precision;       // fp32 or bf16
     // fp32: (key, head_dim, head, batch), K packed per head, keys innermost. bf16:
@@ -257,7 +256,7 @@ struct FlashAttention {
     Halide::Func block_exp;  // exp(score − block_offset), 0 where excluded (bf16: rounded); an update like scores
     // Per (query_in_block, query_block, key_block, head, batch):
     Halide::Func block_max, block_sum;
-    Halide::Func block_offset;   // bf16: what the exponentials subtract, block_max rounded up to a multiple of ln 2 (fp32: the same, inline)
+    Halide::Func block_offset;   // bf16: what the exponentials subtract, block_max rounded up to a multiple of ln 2 (fp32: block_max)
     Halide::Func block_context;  // (head_dim, query_in_block, ...): Σ exp · V over the block
     Halide::Func running;        // (head_dim, query_in_block, query_block, head, batch): Tuple(context, max or offset, sum)
     Halide::Func block_result;   // (head_dim, query_in_block, query_block, head, batch): context / sum

@@ -205,7 +205,9 @@ TEST(Bf16, ARefusalNamesTheRegisteredCandidatesThatHaveIt) {
     if (!bf16 || without == variants().end()) GTEST_SKIP() << "needs a runnable CPU variant with bf16 and one without";
     VariantInfo info = *bf16;
     info.name = "candidate_refusal_test", info.schedule = "candidate";
-    detail::register_variant(info, detail::runnable_functions(*bf16));
+    const auto registered = detail::compiled_and_registered_variants();  // once per process (--gtest_repeat)
+    if (std::none_of(registered.begin(), registered.end(), [&](const VariantInfo *v) { return v->name == info.name; }))
+        detail::register_variant(info, detail::runnable_functions(*bf16));
     const Problem p = small();
     const LayerData d(p);
     const Config config = reduced_config(p, Precision::bf16, true);

@@ -132,15 +132,16 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, SoftmaxFillTest,
                                                               Fill::ties_at_max)),
                          variant_fill_name);
 
-}  // namespace
 // The flash core's merge of a key block into its running state, on scores that make each
-// block's max move: every 256 keys (the key blocks are 512 or 1024 keys, the GPU's 32) the
-// bias rises or falls by 1000 (the old state or the block rescaled to exactly 0), or rises by
-// less than ln 2 (a factor of 1 or ½); or two keys of each row reach 2e30 and 3e30 (beyond
-// 1e30 a block's offset is its max itself), and a head whose every score is near -2e30. Cross
-// attention, 8 queries over 1100 keys: three key blocks on the CPU's short class, two on its
-// long one.
-enum class BlockMax { rising, falling, rising_by_little, beyond_1e30 };
+// block's max move: every 256 keys the bias rises or falls by 1000 (the old state or the
+// block rescaled to 0), or by less than ln 2; or one key of each row reaches 5e9 and a later
+// one 1e12, and a head's keys lie near -5e9 but one at -4e9 (an f32 offset rounded to a
+// multiple of ln 2 may fall under such a max, and a weight above 1 overflows there); or they
+// reach 2e30 and 3e30 (beyond 1e30 a block's offset is its max itself), and a head's keys all
+// lie near -2e30. Cross attention, 8 queries over 1100 keys (a long problem): three key
+// blocks of 512 for the hand-written CPU schedules, two of 1024 for autotuned_avx512_zen4's
+// long class, 35 of 32 on a GPU.
+enum class BlockMax { rising, falling, rising_by_little, falling_by_little, beyond_1e9, beyond_1e30 };
 using VariantCoreCase = std::tuple<VariantInfo, std::string, BlockMax>;
 
 class FlashCoreTest : public ::testing::TestWithParam<VariantCoreCase> {};
@@ -162,6 +163,10 @@ TEST_P(FlashCoreTest, MergesKeyBlocksWhoseMaxMoves) {
                     case BlockMax::rising: bias += 1000.0f * group; break;
                     case BlockMax::falling: bias -= 1000.0f * group; break;
                     case BlockMax::rising_by_little: bias += 0.6f * group; break;
+                    case BlockMax::falling_by_little: bias -= 0.6f * group; break;
+                    case BlockMax::beyond_1e9:
+                        bias = h == 1 ? (j == 600 + i ? -4e9f : -5e9f) : j == 300 + i ? 5e9f : j == 800 + i ? 1e12f : bias;
+                        break;
                     case BlockMax::beyond_1e30:
                         bias = h == 1 ? -2e30f : j == 300 + i ? 2e30f : j == 800 + i ? 3e30f : bias;
                         break;
@@ -177,7 +182,8 @@ TEST_P(FlashCoreTest, MergesKeyBlocksWhoseMaxMoves) {
 }
 
 std::string variant_core_case_name(const ::testing::TestParamInfo<VariantCoreCase> &info) {
-    static const char *const names[] = {"rising", "falling", "rising_by_little", "beyond_1e30"};
+    static const char *const names[] = {"rising",      "falling",    "rising_by_little", "falling_by_little",
+                                        "beyond_1e9", "beyond_1e30"};
     return std::get<0>(info.param).name + "__" + std::get<1>(info.param) + "__" + names[int(std::get<2>(info.param))];
 }
 
@@ -185,7 +191,10 @@ INSTANTIATE_TEST_SUITE_P(AllVariants, FlashCoreTest,
                          ::testing::Combine(::testing::ValuesIn(variants()),
                                             ::testing::Values("attention_core", "attention_core_bf16"),
                                             ::testing::Values(BlockMax::rising, BlockMax::falling,
-                                                              BlockMax::rising_by_little, BlockMax::beyond_1e30)),
+                                                              BlockMax::rising_by_little, BlockMax::falling_by_little,
+                                                              BlockMax::beyond_1e9, BlockMax::beyond_1e30)),
                          variant_core_case_name);
+
+}  // namespace
 
 }  // namespace attn::testing

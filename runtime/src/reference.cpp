@@ -107,10 +107,11 @@ bool bf16_core(const Config &config) {
     return config.precision != Precision::fp32 && reduced_precision(config.precision).bf16_core();
 }
 // What a bf16 core's exponentials are taken from: the max rounded up to a multiple of ln 2,
-// or the max itself beyond ±1e30 (attn_gen::flash_attention's block_offset).
+// never below the max (in float the product may round under it), or the max itself beyond
+// ±1e30 (attn_gen::flash_attention's block_offset).
 template <typename T>
 T weight_offset(T row_max) {
-    return std::abs(row_max) > T(1e30) ? row_max : std::ceil(row_max / T(kLn2)) * T(kLn2);
+    return std::abs(row_max) > T(1e30) ? row_max : std::max(std::ceil(row_max / T(kLn2)) * T(kLn2), row_max);
 }
 // The core's operands in its precision: themselves, or each rounded to bf16.
 template <typename T>
