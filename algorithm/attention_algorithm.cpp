@@ -497,18 +497,33 @@ Func PackedSequences::by_sequence(const std::string &name, Func token_heads) con
     return view;
 }
 
+namespace {
+// of_kv (..., seq, batch), or of_x at the same place where kv_is_x holds: K and V read what was
+// computed from x, and of_kv is never computed (Halide computes a producer that only an untaken
+// branch of a uniform select reads under that condition). x's rows are clamped to its s_q.
+Func kv_or_x(Func of_x, Func of_kv, Expr kv_is_x, Expr x_rows) {
+    std::vector<Expr> at_x;
+    for (const Var &v : of_kv.args()) at_x.push_back(v.same_as(dims.seq) ? last(v, x_rows) : Expr(v));
+    Func either{of_kv.name() + "_or_x"};
+    either(of_kv.args()) = select(kv_is_x, of_x(at_x), of_kv(of_kv.args()));
+    return either;
+}
+}  // namespace
+
 AttentionLayer attention_layer(const LayerInputs &in) {
     const bool packed = in.sequence_offsets.defined();
     Expr head_dim = in.hidden / in.heads;
     // The rows the projections see: each batch's sequence, or every token row of packed sequences.
     Expr q_rows = packed ? in.tokens : in.s_q, kv_rows_all = packed ? in.tokens : in.s_k;
     AttentionLayer l;
+    l.kv_is_x = in.kv_is_x;
     // What the projections read: the activations themselves, or rounded to bf16 once.
     Func x = in.x, kv = in.kv;
     const bool self_attention = in.kv.name() == in.x.name();
     if (in.precision == Precision::bf16) {
         l.x_rounded = x = rounded_to_bf16("x_rounded", in.x, in.hidden);
         l.kv_rounded = kv = self_attention ? l.x_rounded : rounded_to_bf16("kv_rounded", in.kv, in.hidden);
+        if (!self_attention && in.kv_is_x.defined()) kv = kv_or_x(l.x_rounded, l.kv_rounded, in.kv_is_x, q_rows);
     }
     // int8: each projection's weight scales from weight_scales, and the rows quantized once.
     auto scales_of = [&](int projection) {
@@ -526,6 +541,12 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         l.kv_rounded = kv = l.kv_quantized.values;
         q_int8 = {l.x_quantized, scales_of(0)};
         kv_int8.rows = l.kv_quantized;
+        if (!self_attention && in.kv_is_x.defined()) {
+            // What K and V read of the rows: their values, steps and zero points.
+            kv = kv_int8.rows.values = kv_or_x(l.x_quantized.values, l.kv_quantized.values, in.kv_is_x, q_rows);
+            kv_int8.rows.step = kv_or_x(l.x_quantized.step, l.kv_quantized.step, in.kv_is_x, q_rows);
+            kv_int8.rows.zero = kv_or_x(l.x_quantized.zero, l.kv_quantized.zero, in.kv_is_x, q_rows);
+        }
     }
     // A bf16 flash core reads Q, K and V rounded to bf16: the projections store them so,
     // rounded once as they are computed (the same rounding), half the bytes to write and read.

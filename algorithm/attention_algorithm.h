@@ -303,6 +303,7 @@ PackedSequences packed_sequences(Halide::Func offsets, Halide::Expr sequences, H
 struct AttentionLayer {
     Halide::Func x_rounded, kv_rounded;  // bf16: what the projections read (kv_rounded == x_rounded for self-attention)
     QuantizedRows x_quantized, kv_quantized;  // int8: likewise (their values are x_rounded and kv_rounded)
+    Halide::Expr kv_is_x;                      // LayerInputs::kv_is_x: the K and V projections' specialization
     Linear q, k, v;
     Halide::Func q_heads, k_heads, v_heads;
     // With the probabilities as an output, the exact stages (scores, softmax, weighted
@@ -318,6 +319,9 @@ struct AttentionLayer {
 
 struct LayerInputs {
     Halide::Func x, kv;  // (hidden, seq, batch); kv == x for self-attention
+    // Dense reduced precision: a bool, true at run time for self-attention (kv is x); K and V then
+    // read x's rounding or quantization, and kv's is skipped. Undefined: kv's is always computed.
+    Halide::Expr kv_is_x;
     Halide::Func w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
     WeightLayout weight_layout = WeightLayout::linear;  // of w_q, w_k, w_v and w_o
     Precision precision = Precision::fp32;              // of the projections; bf16: the four weights are bf16

@@ -40,6 +40,9 @@ public:
     // Dense only:
     GeneratorInput<Buffer<float, 3>> *kv = nullptr;                  // (hidden, seq_k, batch); x for self-attention
     GeneratorInput<Buffer<uint8_t, 2>> *key_padding_mask = nullptr;  // (key, batch) = [B, S_k]; 1 = real token
+    // Dense bf16 and int8 only: kv is x (self-attention), so that K and V read x's rounding or
+    // quantization and kv's is skipped (attn_gen::LayerInputs::kv_is_x).
+    GeneratorInput<bool> *kv_is_x = nullptr;
     // Packed only:
     GeneratorInput<Buffer<int32_t, 1>> *sequence_offsets = nullptr;  // [B + 1], as FlashAttention's cu_seqlens
     GeneratorInput<int> *max_length = nullptr;                       // the longest sequence, S_max
@@ -61,6 +64,7 @@ public:
         } else {
             kv = add_input<Buffer<float, 3>>("kv");
             key_padding_mask = add_input<Buffer<uint8_t, 2>>("key_padding_mask");
+            if (precision != Precision::fp32) kv_is_x = add_input<bool>("kv_is_x");
         }
         if (output_probs) probs = add_output<Buffer<float, 4>>("probs");
     }
@@ -93,6 +97,7 @@ public:
             in.s_q = in.s_k = *max_length;
         } else {
             in.kv = *kv;
+            if (kv_is_x) in.kv_is_x = *kv_is_x;
             in.key_padding_mask = *key_padding_mask;
             in.s_q = x.dim(1).extent();
             in.s_k = kv->dim(1).extent();
@@ -122,6 +127,7 @@ public:
         } else {
             kv->set_estimates(activation);
             key_padding_mask->set_estimates({{0, kEstimateSeq}, {0, batch}});
+            if (kv_is_x) kv_is_x->set_estimate(true);
         }
         y.set_estimates(activation);
         if (probs) probs->set_estimates(score);

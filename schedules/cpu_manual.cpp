@@ -106,10 +106,12 @@ void vectorized_row_reduction(Func reduction, RVar along, LoopLevel at, const Ta
 // A weight prepared in its groups (attn_gen::WeightLayout::grouped) is already stored as a
 // native panel is, and an fp32 one prepared transposed (WeightLayout::transposed) has each
 // input feature's outputs contiguous: the tiles read either in place, with no panel.
+// Given `reads` (a condition uniform over the call), each branch is compiled apart, so that a
+// product reading select(reads, ...) reads one operand (attn_gen::LayerInputs::kv_is_x).
 void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const std::vector<RVar> &reduction,
                          VarOrRVar rows, LoopLevel at, const CpuTiling &t, const Target &target,
                          attn_gen::Precision precision = attn_gen::Precision::fp32,
-                         attn_gen::WeightLayout layout = attn_gen::WeightLayout::linear) {
+                         attn_gen::WeightLayout layout = attn_gen::WeightLayout::linear, Expr reads = Expr()) {
     const int vw = vector_width(target), panel = vw * t.tile_vectors;
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
@@ -121,19 +123,23 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
     // there, the blocks of rows inside the panels' (so that a panel packed per call is packed
     // once, and shared by its blocks; fused into one loop, the projections took 3-5 times as
     // long: Halide then bounds a tile's rows less tightly).
-    stage.specialize(kernel_threads() > kFewThreads)
-        .split(o, oo, oi, panel, kGuard)
-        .split(rows, sb, s_in, t.tile_rows * kRowTilesPerTask, kGuard)
-        .split(s_in, so, si, t.tile_rows, kGuard)
-        .reorder(oi, si, so, b, sb, oo)
-        .vectorize(oi, vw, kGuard)
-        .parallel(oo)
-        .parallel(sb);
-    stage.split(o, oo, oi, panel, kGuard)
-        .split(rows, so, si, t.tile_rows, kGuard)
-        .reorder(oi, si, so, b, oo)
-        .vectorize(oi, vw, kGuard)
-        .parallel(oo);
+    auto tasks = [&](Stage branch) {
+        branch.specialize(kernel_threads() > kFewThreads)
+            .split(o, oo, oi, panel, kGuard)
+            .split(rows, sb, s_in, t.tile_rows * kRowTilesPerTask, kGuard)
+            .split(s_in, so, si, t.tile_rows, kGuard)
+            .reorder(oi, si, so, b, sb, oo)
+            .vectorize(oi, vw, kGuard)
+            .parallel(oo)
+            .parallel(sb);
+        branch.split(o, oo, oi, panel, kGuard)
+            .split(rows, so, si, t.tile_rows, kGuard)
+            .reorder(oi, si, so, b, oo)
+            .vectorize(oi, vw, kGuard)
+            .parallel(oo);
+    };
+    if (reads.defined()) tasks(stage.specialize(reads));
+    tasks(stage);
     const bool panel_layout = precision == attn_gen::Precision::int8 || native_bf16(target);
     if ((layout == attn_gen::WeightLayout::grouped && panel_layout) ||
         (layout == attn_gen::WeightLayout::transposed && precision == attn_gen::Precision::fp32)) {
@@ -154,10 +160,11 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
     register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
 }
 
-void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, const Target &target) {
+void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, const Target &target,
+                         Expr reads = Expr()) {
     const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
     schedule_panel_gemm(l.out, l.weight_transposed, l.product, rvars(l.k), rows, at, t, target, l.precision,
-                        l.weight_layout);
+                        l.weight_layout, reads);
 }
 
 // bf16 activations (attn_gen::rounded_to_bf16), rounded once, before the GEMMs that read
@@ -434,11 +441,16 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
                                   const Target &target) {
     const int vw = vector_width(target);
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
+    // What the projections read, rounded or quantized once (kv's is skipped when kv is x: l.kv_is_x).
     if (l.x_quantized.values.defined()) {
         schedule_quantized(l.x_quantized, target);
         if (l.kv_quantized.values.name() != l.x_quantized.values.name()) schedule_quantized(l.kv_quantized, target);
+    } else if (l.x_rounded.defined()) {
+        schedule_rounded(l.x_rounded, target);
+        if (l.kv_rounded.name() != l.x_rounded.name()) schedule_rounded(l.kv_rounded, target);
     }
-    schedule_qkv_projection_cpu(l.q, l.k, l.v, t, target);
+    schedule_projection(l.q, LoopLevel::root(), t, target);
+    for (attn_gen::Linear kv : {l.k, l.v}) schedule_projection(kv, LoopLevel::root(), t, target, l.kv_is_x);
     if (probs_are_output) {
         // The caller asked for the probabilities: they are an S×S output anyway.
         Var head_batch{"head_batch"}, pio{"pio"}, pii{"pii"};

@@ -94,14 +94,16 @@ class Manifest:
             if "built_for" in f and not f.get("built_for_because"):
                 error(f"{f['name']}: built_for needs built_for_because")
             # A reduced precision's function: `<its fp32 function>_<precision>`, with that one's
-            # arguments (int8 adds weight_scales), and its register tiles for tools/isa_check.py.
+            # arguments (int8 adds weight_scales; a dense layer kv_is_x, so that self-attention
+            # rounds or quantizes x once), and its register tiles for tools/isa_check.py.
             precision = f.get("precision", "fp32")
             if precision != "fp32":
                 base = self.functions.get(f["name"].removesuffix("_" + precision))
                 if not f["name"].endswith("_" + precision) or base is None or base.get("precision", "fp32") != "fp32":
                     error(f"{f['name']}: a {precision} function is named <an fp32 function>_{precision}")
-                elif [a for a in f["arguments"] if a != "weight_scales"] != base["arguments"]:
-                    error(f"{f['name']}: expected the arguments of {base['name']} (and weight_scales in int8)")
+                elif [a for a in f["arguments"] if a not in ("weight_scales", "kv_is_x")] != base["arguments"]:
+                    error(f"{f['name']}: expected the arguments of {base['name']} (and weight_scales in int8, "
+                          "kv_is_x in a dense layer)")
                 if not f.get("register_tiles") or any(t not in f["manual_parameters"] for t in f["register_tiles"]):
                     error(f"{f['name']}: register_tiles lists its products' register tiles, each by the manual "
                           "parameter of its vectors (one of its manual_parameters)")

@@ -139,12 +139,14 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
         call.weights(w, uploaded != nullptr);
     }
     call.input("key_padding_mask", mask).input("bias", bias).input("x", x, in.x.memory);
-    // Self-attention passes x as kv: the layer's one function takes both.
+    // Self-attention passes x as kv: the layer's one function takes both. The bf16 and int8
+    // layers are told so, and round or quantize x once for Q, K and V.
     if (cross) {
         call.input("kv", kv, in.kv.memory);
     } else {
         call.placed("kv", x.raw_buffer());
     }
+    if (reduced_weights_ && !want_probs) call.scalar("kv_is_x", !cross);
     call.scalar("causal", config_.causal).scalar("heads", int32_t(heads)).scalar("eps", config_.layer_norm_eps);
     call.output("y", y_buffer, y.memory);
     if (want_probs) call.output("probs", probs_buffer, probs.memory);
