@@ -333,7 +333,7 @@ def markdown(doc):
     groups = {(group_function(g), g["problem"]): g["impls"] for g in doc["groups"]}
     peers = ", ".join(f"{name} {version}" for name, version in c.get("peers", {}).items())
     out = ["# Schedule comparison", "",
-           f"Machine: {c.get('cpu_model', '?')}, {c.get('num_cpus', '?')} cores ({c.get('host_name', '?')}), "
+           f"Machine: {c.get('cpu_model', '?')}{', ' + c['cpu_id'] if c.get('cpu_id') else ''}, {c.get('num_cpus', '?')} cores ({c.get('host_name', '?')}), "
            f"{c.get('date', '?')}; Halide {c.get('halide', '?')}, {c.get('openblas', 'OpenBLAS ?')}; {peers}.",
            "",
            f"Interleaved: for each problem and function, {c.get('rounds')} rounds in which every implementation ran "

@@ -45,6 +45,7 @@ nlohmann::json problems_json() {
 
 nlohmann::json context_json() {
     return {{"cpu_model", attn::detail::cpu_model()},
+            {"cpu_id", attn::detail::cpu_id()},
             {"num_cpus", std::thread::hardware_concurrency()},
             {"halide", "21.0.0"},
             {"openblas", openblas_get_config()},

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <regex>
 
 namespace attn::testing {
 namespace {
@@ -272,6 +273,25 @@ TEST(Variants, ListingMatchesThisCpu) {
 
 // The default follows a measurement of this CPU that covered its widest instruction set
 // (generated/dispatch.json), else the rule, and says which.
+// A VM reports "AMD EPYC" for any Zen: the id (family and model) tells Zen 1 from Zen 4, and a
+// measurement is used on a CPU of its name and id first, then one made before ids were recorded.
+TEST(Variants, MeasurementsOfThisCpuMatchItsNameAndIdFirst) {
+    const std::string id = detail::cpu_id();
+    if (!id.empty()) EXPECT_TRUE(std::regex_match(id, std::regex("family \\d+ model \\d+"))) << id;
+    for (const manifest::Isa &isa : manifest::kIsas) {
+        bool without_id = false;
+        for (const manifest::MeasuredOrder *m : detail::measurements_of_this_cpu(isa.name)) {
+            EXPECT_EQ(m->cpu_model, detail::cpu_model());
+            EXPECT_TRUE(m->isas.contains(isa.name));
+            if (*m->cpu_id) {
+                EXPECT_EQ(m->cpu_id, id);
+                EXPECT_FALSE(without_id) << "an entry with this CPU's id came after one without an id";
+            }
+            without_id = without_id || !*m->cpu_id;
+        }
+    }
+}
+
 TEST(Variants, DefaultFollowsAMeasurementOfThisCpuOrTheRule) {
     const std::string reason = default_variant_reason();
     EXPECT_EQ(reason.rfind(select_variant().name + ": ", 0), 0u) << reason;
@@ -282,9 +302,8 @@ TEST(Variants, DefaultFollowsAMeasurementOfThisCpuOrTheRule) {
             if (v.runnable && isa.name == v.isa && isa.dispatch_rank > rank) widest = v.isa, rank = isa.dispatch_rank;
         }
     }
-    for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
-        if (detail::cpu_model() != m.cpu_model || !m.isas.contains(widest)) continue;
-        for (const char *name : m.order) {
+    for (const manifest::MeasuredOrder *m : detail::measurements_of_this_cpu(widest)) {
+        for (const char *name : m->order) {
             const auto v = std::find_if(variants().begin(), variants().end(),
                                         [&](const VariantInfo &i) { return i.name == name && i.runnable; });
             if (v == variants().end()) continue;

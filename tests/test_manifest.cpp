@@ -160,11 +160,11 @@ TEST(Manifest, DispatchPicksTheMeasuredOrderElseTheWidestIsaThenThePreferredSour
         }
     }
     ASSERT_NE(best_isa, nullptr) << "no runnable CPU variant with a dispatch rank and priority";
-    // A measurement of this CPU model that covered that ISA (generated/dispatch.json) comes
+    // A measurement of this CPU that covered that ISA (generated/dispatch.json) comes
     // first: its order's first runnable variant.
     std::string expected = std::string(best_source->name) + "_" + best_isa->name, why = "by rule";
-    for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
-        if (m.cpu_model != detail::cpu_model() || !m.isas.contains(best_isa->name)) continue;
+    for (const manifest::MeasuredOrder *measured : detail::measurements_of_this_cpu(best_isa->name)) {
+        const manifest::MeasuredOrder &m = *measured;
         const auto first = std::find_if(m.order.begin(), m.order.end(), [&](const char *name) {
             return std::any_of(all.begin(), all.end(),
                                [&](const VariantInfo &v) { return v.name == name && v.runnable; });
@@ -182,7 +182,7 @@ TEST(Manifest, DispatchPicksTheMeasuredOrderElseTheWidestIsaThenThePreferredSour
 // where that class was not ranked; one made with a variant named always runs that one.
 TEST(Manifest, AnAttentionWithoutAVariantRunsEachShapeClassWithItsMeasuredPick) {
     const std::string reason = default_variant_reason();
-    // The measurement the default came from: of this CPU model, covering its widest ISA.
+    // The measurement the default came from: of this CPU, covering its widest ISA.
     std::string widest;
     int rank = 0;
     for (const VariantInfo &v : variants()) {
@@ -192,13 +192,12 @@ TEST(Manifest, AnAttentionWithoutAVariantRunsEachShapeClassWithItsMeasuredPick) 
     }
     const manifest::MeasuredOrder *measured = nullptr;
     if (reason.find(": measured") != std::string::npos) {
-        for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
-            if (m.cpu_model == detail::cpu_model() && m.isas.contains(widest)) {
-                measured = &m;
-                break;
-            }
-        }
-        ASSERT_NE(measured, nullptr) << reason;
+        const auto here = detail::measurements_of_this_cpu(widest);
+        const auto first = std::find_if(here.begin(), here.end(), [&](const manifest::MeasuredOrder *m) {
+            return reason.find(m->source) != std::string::npos;
+        });
+        ASSERT_NE(first, here.end()) << reason;
+        measured = *first;
     }
     // A pick is a hand-written or tuned CPU variant (a dispatch rank and priority).
     auto dispatched = [](const VariantInfo &v) {

@@ -9,10 +9,12 @@ timed on every one of its attention_layer problems are ranked by the geometric m
 those problems, of their median time over the fastest variant's: the first is the one
 closest to the fastest everywhere. So are they over the problems of each shape class
 (manifest.json, by max(S_q, S_k)): an Attention made without naming a variant runs each
-call with its class's first. One entry per CPU model and measured instruction sets (a
+call with its class's first. One entry per CPU (its model name and its id, the family and
+model attn_bench records: a VM's "AMD EPYC" is any Zen) and measured instruction sets (a
 newer comparison of the same replaces the older). The runtime uses an entry when the
-host's CPU model is the entry's and the host's widest instruction set was measured;
-otherwise it falls back to the rule (runtime/src/variants.cpp).
+host's CPU is the entry's and the host's widest instruction set was measured (an entry
+without an id, made before ids were recorded, matches the model name alone, after those
+with the host's id); otherwise it falls back to the rule (runtime/src/variants.cpp).
 """
 import argparse
 import json
@@ -70,7 +72,7 @@ def measured_order(doc, manifest):
         if of_class:
             classes[name] = ranking(of_class, f" of shape class {name}")
     c = doc["context"]
-    return {"cpu_model": c.get("cpu_model", "unknown"),
+    return {"cpu_model": c.get("cpu_model", "unknown"), "cpu_id": c.get("cpu_id", ""),
             "isas": [i for i in cpu_isas if any(isa_of(v) == i for v in overall["order"])],
             "date": c.get("date", "?"), "command": c.get("command", "?"), **overall, "classes": classes}
 
@@ -87,16 +89,19 @@ def main():
         entry = measured_order(json.loads(pathlib.Path(path).read_text()), manifest)
         entry["source"] = str(pathlib.Path(path).resolve().relative_to(ROOT)) if pathlib.Path(
             path).resolve().is_relative_to(ROOT) else path
-        entries = [e for e in entries if (e["cpu_model"], e["isas"]) != (entry["cpu_model"], entry["isas"])]
+        key = ("cpu_model", "cpu_id", "isas")
+        entries = [e for e in entries if [e.get(k, "") for k in key] != [entry[k] for k in key]]
         entries.append(entry)
         by_class = ", ".join(f"{name} {c['order'][0]} ({c['problems']})" for name, c in entry["classes"].items())
-        print(f"dispatch: {entry['cpu_model']} ({' '.join(entry['isas'])}): {entry['order'][0]} first, over "
+        print(f"dispatch: {entry['cpu_model']}, {entry['cpu_id'] or 'no id'} ({' '.join(entry['isas'])}): "
+              f"{entry['order'][0]} first, over "
               f"{entry['problems']} problems; by shape class: {by_class}")
     doc = {"about": ["Written by tools/dispatch.py from interleaved comparisons; never edit by hand. On a host of",
-                     "an entry's cpu_model whose widest instruction set is among its isas, the runtime's default",
-                     "variant is the first of its order that runs, and an Attention made without naming a variant",
-                     "runs each call with the first of its shape class's order that runs (README, 'How dispatch",
-                     "works')."],
+                     "an entry's cpu_model and cpu_id (its family and model; an entry without one, measured before",
+                     "they were recorded, holds for any) whose widest instruction set is among its isas, the",
+                     "runtime's default variant is the first of its order that runs (entries with the host's id",
+                     "first), and an Attention made without naming a variant runs each call with the first of its",
+                     "shape class's order that runs (README, 'How dispatch works')."],
            "measured": entries}
     out.write_text(json.dumps(doc, indent=1) + "\n")
 

@@ -66,12 +66,30 @@ bool cpu_supports(const std::string &isa, std::string *missing) {
     return false;
 }
 
-std::string cpu_model() {
+namespace {
+// The value of /proc/cpuinfo's first line whose key is `key` ("model name: AMD EPYC"), "" if none.
+std::string cpuinfo_value(const std::string &key) {
     std::ifstream cpuinfo("/proc/cpuinfo");
     for (std::string line; std::getline(cpuinfo, line);) {
-        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+        const std::size_t colon = line.find(':');
+        if (colon == std::string::npos || line.find_last_not_of(" \t", colon - 1) + 1 != key.size() ||
+            line.compare(0, key.size(), key) != 0)
+            continue;
+        const std::size_t value = line.find_first_not_of(' ', colon + 1);
+        return value == std::string::npos ? "" : line.substr(value);
     }
-    return "unknown";
+    return "";
+}
+}  // namespace
+
+std::string cpu_model() {
+    const std::string name = cpuinfo_value("model name");
+    return name.empty() ? "unknown" : name;
+}
+
+std::string cpu_id() {
+    const std::string family = cpuinfo_value("cpu family"), model = cpuinfo_value("model");
+    return family.empty() || model.empty() ? "" : "family " + family + " model " + model;
 }
 
 }  // namespace attn::detail

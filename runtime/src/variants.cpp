@@ -180,14 +180,15 @@ DefaultChoice choose_default() {
         }
     }
     if (!rule.entry) return rule;
-    const std::string model = detail::cpu_model(), widest = rule.entry->info.isa;
-    for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
-        if (model != m.cpu_model || !m.isas.contains(widest)) continue;
+    const std::string model = detail::cpu_model(), id = detail::cpu_id(), widest = rule.entry->info.isa;
+    for (const manifest::MeasuredOrder *measured : detail::measurements_of_this_cpu(widest)) {
+        const manifest::MeasuredOrder &m = *measured;
         const Entry *e = first_runnable(m.order);
         if (!e) continue;
         std::string reason = "measured: the variant closest to the fastest on every fused-layer problem of " +
-                             std::string(m.source) + " (" + m.date + "), on this CPU model (" + model + ") with " +
-                             widest + " its widest instruction set";
+                             std::string(m.source) + " (" + m.date + "), on this CPU (" + model +
+                             (*m.cpu_id ? ", " + id : "; any family and model, which that measurement did not record") +
+                             ") with " + widest + " its widest instruction set";
         std::string by_class;
         std::vector<const Entry *> picks;
         for (const manifest::ShapeClass &c : manifest::kShapeClasses) {
@@ -203,7 +204,8 @@ DefaultChoice choose_default() {
                     by_class,
                 std::move(picks)};
     }
-    rule.reason = "by rule, as no measurement in generated/dispatch.json is of this CPU (" + model + ") with " +
+    rule.reason = "by rule, as no measurement in generated/dispatch.json is of this CPU (" + model +
+                  (id.empty() ? "" : ", " + id) + ") with " +
                   widest + " measured: the widest instruction set (" + widest +
                   "), then the schedule source of highest dispatch_priority (manifest.json)";
     return rule;
@@ -304,6 +306,21 @@ const VariantInfo &select_variant(const std::string &name) {
 }
 
 namespace detail {
+
+std::vector<const manifest::MeasuredOrder *> measurements_of_this_cpu(const std::string &widest) {
+    const std::string model = cpu_model(), id = cpu_id();
+    std::vector<const manifest::MeasuredOrder *> same_id, same_name;
+    for (const manifest::MeasuredOrder &m : manifest::kMeasuredOrders) {
+        if (model != m.cpu_model || !m.isas.contains(widest)) continue;
+        if (!*m.cpu_id) {
+            same_name.push_back(&m);
+        } else if (id == m.cpu_id) {
+            same_id.push_back(&m);
+        }
+    }
+    same_id.insert(same_id.end(), same_name.begin(), same_name.end());
+    return same_id;
+}
 
 Arguments &Arguments::add(const std::string &name, halide_buffer_t *buffer, halide_type_t type,
                           halide_scalar_value_t scalar) {

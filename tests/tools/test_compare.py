@@ -4,6 +4,7 @@ small run through attn_bench --serve whose rounds must be complete, paired and r
 Usage: test_compare.py ATTN_BENCH WORK_DIR"""
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -84,6 +85,13 @@ variants_timed = sorted(n for n in runnable if n.startswith("manual_"))
 check(sorted(entry["order"]) == variants_timed and entry["time_over_fastest"][0] == 1.0
       and entry["time_over_fastest"] == sorted(entry["time_over_fastest"]) and entry["problems"] == 1,
       f"dispatch order: {entry}")
+# It names the CPU by model name and id (family and model, as attn_bench reads /proc/cpuinfo):
+# a VM's "AMD EPYC" is any Zen.
+cpuinfo = pathlib.Path("/proc/cpuinfo").read_text() if pathlib.Path("/proc/cpuinfo").exists() else ""
+family = re.search(r"^cpu family\s*: (\d+)", cpuinfo, re.M)
+model = re.search(r"^model\s*: (\d+)", cpuinfo, re.M)
+check(entry["cpu_id"] == (f"family {family[1]} model {model[1]}" if family and model else "")
+      and entry["cpu_id"] == doc["context"]["cpu_id"], f"the entry's CPU id: {entry['cpu_id']!r}")
 # ... and each shape class's: this run's one problem (S=128) is short, so short ranks it alike and
 # long ranks nothing.
 short = dispatch.shape_class("b1_s128_h384_n12", manifest_lib.load())

@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+namespace attn::manifest {
+struct MeasuredOrder;  // attn/generated/dispatch.h
+}
+
 namespace attn::detail {
 
 // One compiled AOT function: Halide's entry point that takes its arguments as an array
@@ -80,6 +84,13 @@ std::vector<const VariantInfo *> compiled_and_registered_variants();
 bool cpu_supports(const std::string &isa, std::string *missing);
 // The CPU's model name as Linux reports it (/proc/cpuinfo), "unknown" where it does not.
 std::string cpu_model();
+// What the model name may not tell: a VM's "AMD EPYC" is any Zen, from Zen 1's two 128-bit FMA
+// pipes to Zen 4's AVX-512. x86's "family F model M" (/proc/cpuinfo), "" where not reported.
+std::string cpu_id();
+// The measurements of this CPU (generated/dispatch.json) that covered `widest`, its widest
+// instruction set, in the order dispatch tries them: those of its model name and id, then
+// those of its model name made before ids were recorded (an entry without one).
+std::vector<const manifest::MeasuredOrder *> measurements_of_this_cpu(const std::string &widest);
 
 // Whether `device` ("cpu", "cuda", "opencl") can run here: for a GPU, its driver loads
 // and reports a device; `why` says what is missing.
