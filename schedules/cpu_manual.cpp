@@ -178,6 +178,13 @@ void schedule_rounded(Func rounded, const Target &target) {
         .vectorize(dims.hidden, vector_width(target), kGuard);
 }
 
+// The bf16 activations Q and then K and V read, each rounded once (one Func for both in
+// self-attention's stage; the fused layer's kv_rounded is computed only when kv is not x).
+void schedule_rounded_inputs(Func x, Func kv, const Target &target) {
+    schedule_rounded(x, target);
+    if (kv.name() != x.name()) schedule_rounded(kv, target);
+}
+
 // int8 activations (attn_gen::QuantizedRows), quantized once before the GEMMs that read
 // them: the rows' ranges and sums (one Tuple reduction, blocks of rows in parallel, each
 // vectorized across its row, as vectorized_row_reduction), their steps and zero points
@@ -317,10 +324,7 @@ void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_ge
                                  const Target &target) {
     // bf16: what the projections read, rounded once (k and v read the same; self-attention's
     // fused layer rounds x once for all three).
-    if (q.precision == attn_gen::Precision::bf16) {
-        schedule_rounded(q.input, target);
-        if (k.input.name() != q.input.name()) schedule_rounded(k.input, target);
-    }
+    if (q.precision == attn_gen::Precision::bf16) schedule_rounded_inputs(q.input, k.input, target);
     for (attn_gen::Linear l : {q, k, v}) schedule_projection(l, LoopLevel::root(), t, target);
 }
 
@@ -446,8 +450,7 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
         schedule_quantized(l.x_quantized, target);
         if (l.kv_quantized.values.name() != l.x_quantized.values.name()) schedule_quantized(l.kv_quantized, target);
     } else if (l.x_rounded.defined()) {
-        schedule_rounded(l.x_rounded, target);
-        if (l.kv_rounded.name() != l.x_rounded.name()) schedule_rounded(l.kv_rounded, target);
+        schedule_rounded_inputs(l.x_rounded, l.kv_rounded, target);
     }
     schedule_projection(l.q, LoopLevel::root(), t, target);
     for (attn_gen::Linear kv : {l.k, l.v}) schedule_projection(kv, LoopLevel::root(), t, target, l.kv_is_x);

@@ -271,8 +271,6 @@ TEST(Variants, ListingMatchesThisCpu) {
     EXPECT_TRUE(select_variant().runnable);
 }
 
-// The default follows a measurement of this CPU that covered its widest instruction set
-// (generated/dispatch.json), else the rule, and says which.
 // A VM reports "AMD EPYC" for any Zen: the id (family and model) tells Zen 1 from Zen 4, and a
 // measurement is used on a CPU of its name and id first, then one made before ids were recorded.
 TEST(Variants, MeasurementsOfThisCpuMatchItsNameAndIdFirst) {
@@ -292,6 +290,8 @@ TEST(Variants, MeasurementsOfThisCpuMatchItsNameAndIdFirst) {
     }
 }
 
+// The default follows a measurement of this CPU that covered its widest instruction set
+// (generated/dispatch.json), else the rule, and says which.
 TEST(Variants, DefaultFollowsAMeasurementOfThisCpuOrTheRule) {
     const std::string reason = default_variant_reason();
     EXPECT_EQ(reason.rfind(select_variant().name + ": ", 0), 0u) << reason;

@@ -82,14 +82,22 @@ std::string cpuinfo_value(const std::string &key) {
 }
 }  // namespace
 
+// Each read once per process: dispatch asks for both several times (/proc/cpuinfo is long on
+// a many-core server).
 std::string cpu_model() {
-    const std::string name = cpuinfo_value("model name");
-    return name.empty() ? "unknown" : name;
+    static const std::string model = [] {
+        const std::string name = cpuinfo_value("model name");
+        return name.empty() ? "unknown" : name;
+    }();
+    return model;
 }
 
 std::string cpu_id() {
-    const std::string family = cpuinfo_value("cpu family"), model = cpuinfo_value("model");
-    return family.empty() || model.empty() ? "" : "family " + family + " model " + model;
+    static const std::string id = [] {
+        const std::string family = cpuinfo_value("cpu family"), model = cpuinfo_value("model");
+        return family.empty() || model.empty() ? "" : "family " + family + " model " + model;
+    }();
+    return id;
 }
 
 }  // namespace attn::detail
