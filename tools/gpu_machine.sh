@@ -74,7 +74,11 @@ profile_filter='^attention_layer/manual_avx512_(skylake|zen4)(_bf16|_int8)?/b1_s
 # $OUT/gpu-results.tar.xz. Call 1 took 7.5 minutes on an H200 on 2026-11-26 (tests 32 s,
 # the layer's tuning 206 s, the stages' 164 s, the AVX-512 tests 39 s); call 2 about 2.5;
 # the first start about half a minute. Between calls 1 and 2, here: tools/gpu_machine.sh
-# freeze, then pack (the build gains autotuned_cuda).
+# freeze, then pack (the build gains autotuned_cuda). Call 3 took 7 min 8 s on 2026-11-27
+# (profile 29 s, the layer's tuning 260 s, the stages' about 135 s); after it, freeze
+# avx512_skylake and pack here (about 10 minutes on 2 cores) before a call that times
+# autotuned_avx512_skylake: the machine goes back after 30 s idle, so that call starts a
+# fresh one.
 campaign=(
   "9|machine;test cuda;tune attention_layer;tune attention_scores masked_softmax weighted_sum qkv_projection output_layernorm;test avx512|the GPU, driver and host CPU; every CUDA variant against the reference; every function's candidates checked and timed, the fused layer's beside PyTorch eager, SDPA and the cuBLAS roofline (tune/); every AVX-512 variant on the host CPU"
   "4|bench layer;bench core;bench stages;bench cpu;python|(after freeze and pack here) the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors"

@@ -193,9 +193,13 @@ DefaultChoice choose_default() {
         std::vector<const Entry *> picks;
         for (const manifest::ShapeClass &c : manifest::kShapeClasses) {
             const Entry *pick = picks.emplace_back(class_pick(m, c.name));
+            const bool ranked = std::any_of(m.classes.begin(), m.classes.end(),
+                                            [&](const manifest::ClassOrder &o) { return c.name == o.shape_class; });
             by_class += std::string(by_class.empty() ? "" : ", ") + c.name +
                         (c.max_seq ? " (max(S_q, S_k) <= " + std::to_string(c.max_seq) + ")" : std::string()) + " " +
-                        (pick ? pick->info.name : e->info.name + " (no variant of the class's ranking qualifies)");
+                        (pick     ? pick->info.name
+                         : ranked ? e->info.name + " (no variant of the class's ranking qualifies)"
+                                  : e->info.name + " (that measurement timed none of the class's problems)");
         }
         return {e,
                 reason +
