@@ -78,7 +78,9 @@ profile_filter='^attention_layer/manual_avx512_(skylake|zen4)(_bf16|_int8)?/b1_s
 # (profile 29 s, the layer's tuning 260 s, the stages' about 135 s); after it, freeze
 # avx512_skylake and pack here (about 10 minutes on 2 cores) before a call that times
 # autotuned_avx512_skylake: the machine goes back after 30 s idle, so that call starts a
-# fresh one.
+# fresh one. All three calls have run (1 and 2 on 2026-11-26, 3 on 2026-11-27): a later
+# loan reruns call 1 and 2 once the CUDA schedules change, and call 3 (bundles again
+# first) once the CPU ones do.
 campaign=(
   "9|machine;test cuda;tune attention_layer;tune attention_scores masked_softmax weighted_sum qkv_projection output_layernorm;test avx512|the GPU, driver and host CPU; every CUDA variant against the reference; every function's candidates checked and timed, the fused layer's beside PyTorch eager, SDPA and the cuBLAS roofline (tune/); every AVX-512 variant on the host CPU"
   "4|bench layer;bench core;bench stages;bench cpu;python|(after freeze and pack here) the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors"
@@ -225,6 +227,10 @@ machine)
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader |
       sed 's/^/gpu: /'
     echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) threads"
+    # Family and model tell a VM's CPUs apart (dispatch keys on them); threads per core say
+    # whether 16 threads are 16 cores' FMA units or 8 cores' shared by hyperthreads.
+    echo "cpu id: family $(grep -m1 '^cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ') model $(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')"
+    lscpu 2>/dev/null | grep -E '^(Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)|L2 cache|L3 cache):' | sed 's/^/cpu topology: /' || true
     flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep '^avx512' | sort | tr '\n' ' ')
     echo "avx512: ${flags:-none}"
     python3 -c 'import torch; print("pytorch:", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || true
