@@ -85,13 +85,14 @@ class WorkerCase:
 class PythonPeer:
     """A peer of bench/peers.py, timed here the way the worker times its cases."""
 
-    def __init__(self, peer, problem, data, expected):
+    def __init__(self, peer, problem, data, expected, suffix=""):
         self.peer, self.problem, self.data, self.expected = peer, problem, data, expected
-        self.impl, self.kind, self.gflop = peer.name, "peer", peer.gflop(problem)
+        self.impl, self.kind, self.gflop = peer.name + suffix, "peer", peer.gflop(problem)
         self.run = None
 
     def prepare(self):
         answer = {"name": self.impl, "ok": True, "error": ""}
+        self.peer.activate()
         try:
             self.run = self.peer.prepare(self.problem, self.data)
             y = self.peer.output(self.run())
@@ -105,6 +106,7 @@ class PythonPeer:
         return answer
 
     def time(self, seconds):
+        self.peer.activate()
         runs, start = 0, time.perf_counter()
         while True:
             self.run()
@@ -172,8 +174,9 @@ def main():
     parser.add_argument("--threads", type=thread_counts, default=[os.cpu_count()],
                         help="CPU threads of every implementation: our kernels (attn::set_num_threads), OpenBLAS, "
                              "PyTorch, ONNX Runtime (default: one per core). Several, comma-separated (1,2): the "
-                             "worker's cases at each count, interleaved, named <implementation>@<n>t (strong "
-                             "scaling); the Python peers, whose thread pools belong to this process, are then left out")
+                             "worker's cases and the peers at each count, interleaved, named <implementation>@<n>t "
+                             "(strong scaling; PyTorch's one pool per process is set to a peer's count before "
+                             "each of its samples)")
     parser.add_argument("--no-chart", action="store_true", help="skip comparison.png (needs matplotlib)")
     args = parser.parse_args()
     if args.rounds < 5:
@@ -191,18 +194,19 @@ def main():
     listing = next(iter(workers.values())).ask("list")
     on_device = re.compile(rf"_{args.device}/" if args.device != "cpu" else r"^(?!.*_(cuda|opencl)/)")
     cases = [c for c in listing["cases"] if on_device.search(c["name"]) and wanted(c["name"])]
-    makers = (peer_lib.cuda_peers() if args.device == "cuda" else
-              peer_lib.cpu_peers(counts[0]) if args.device == "cpu" and len(counts) == 1 else [])
-    if len(counts) > 1:
-        print("compare: several thread counts: the Python peers are left out", file=sys.stderr)
-    peers, versions = [], {}
-    for make in makers:
+    # The Python peers, (peer, suffix) at each thread count like the worker's cases.
+    makers = ([(make, "") for make in peer_lib.cuda_peers()] if args.device == "cuda" else
+              [(make, suffix[n]) for n in counts for make in peer_lib.cpu_peers(n)] if args.device == "cpu" else [])
+    peers, versions, missing = [], {}, set()
+    for make, peer_suffix in makers:
         try:
             peer = make()
         except ImportError as e:
-            print(f"compare: a peer is not available ({e}); left out", file=sys.stderr)
+            if str(e) not in missing:
+                print(f"compare: a peer is not available ({e}); left out", file=sys.stderr)
+            missing.add(str(e))
             continue
-        peers.append(peer)
+        peers.append((peer, peer_suffix))
         versions[peer.name] = peer.version
 
     context = {**listing["context"], "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host_name": platform.node(),
@@ -219,14 +223,16 @@ def main():
                     by_function.setdefault(c["function"], []).append(WorkerCase(worker, c, suffix[n]))
         # Each peer beside the worker's cases of its function (the fused layer's peers on
         # every problem the layer runs; the attention core's where attn_bench times the core).
-        these_peers = [peer for peer in peers if wanted(f"{peer.function}/{peer.name}/{p['name']}") and
+        these_peers = [(peer, peer_suffix) for peer, peer_suffix in peers
+                       if wanted(f"{peer.function}/{peer.name}/{p['name']}") and
                        (peer.function == report.LAYER or peer.function in by_function)]
         data = peer_lib.make_inputs(p) if these_peers else None
         expected = {}  # by function: one float64 reference for its peers
-        for peer in these_peers:
+        for peer, peer_suffix in these_peers:
             if p["reference_checked"] and peer.checked and peer.function not in expected:
                 expected[peer.function] = peer.expected(p, data)
-            by_function.setdefault(peer.function, []).append(PythonPeer(peer, p, data, expected.get(peer.function)))
+            by_function.setdefault(peer.function, []).append(
+                PythonPeer(peer, p, data, expected.get(peer.function), peer_suffix))
         if not by_function:
             continue
         problems.append(p)

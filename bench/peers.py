@@ -124,6 +124,10 @@ class Peer:
         """What prepare()'s run() returns, as a NumPy array."""
         return y
 
+    def activate(self):
+        """Before each of its runs: makes its thread count the process's where its library has
+        one pool per process (PyTorch), so that peers of several counts share one comparison."""
+
 
 class PyTorchPeer(Peer):
     """The layer as a PyTorch user writes it: nn.Linear's F.linear, SDPA, LayerNorm. With bf16,
@@ -142,7 +146,7 @@ class PyTorchPeer(Peer):
         import torch
 
         torch.set_num_threads(threads)
-        self.torch, self.precision = torch, precision
+        self.torch, self.precision, self.threads = torch, precision, threads
         self.name = "pytorch" + ("" if precision == "fp32" else "_" + precision)
         self.tolerance = {"fp32": Peer.tolerance, "bf16": 0.05, "int8": INT8_TOLERANCE}[precision]
         self.version = torch.__version__
@@ -194,6 +198,9 @@ class PyTorchPeer(Peer):
                 return F.layer_norm(x + linear["o"](ctx), (hid,), t["gamma"], t["beta"], 1e-12)
 
         return run
+
+    def activate(self):
+        self.torch.set_num_threads(self.threads)
 
 
 class OnnxRuntimePeer(Peer):
@@ -364,7 +371,7 @@ class SdpaCorePeer(Peer):
             torch.set_num_threads(threads)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-        self.torch, self.device, self.bf16 = torch, device, bf16
+        self.torch, self.device, self.bf16, self.threads = torch, device, bf16, threads
         self.name = "pytorch_sdpa" + ("_bf16" if bf16 else "")
         self.checked = not bf16
         self.version = torch.__version__ + (f" on {torch.cuda.get_device_name()}" if device == "cuda" else "")
@@ -401,6 +408,10 @@ class SdpaCorePeer(Peer):
     @staticmethod
     def output(y):
         return y.float().cpu().numpy()
+
+    def activate(self):
+        if self.threads:
+            self.torch.set_num_threads(self.threads)
 
 
 def cpu_peers(threads):

@@ -258,11 +258,28 @@ def scaling_section(doc, groups):
                                 f"{r} | {r.median / share:.2f} [{r.lo / share:.2f}, {r.hi / share:.2f}] |")
     if not rows:
         return []
+    # Each variant against the fastest fp32 peer at its own thread count, where peers were timed.
+    against = []
+    for (function, problem), group in groups.items():
+        times = timed(group)
+        for impl in sorted(times, key=lambda i: (i.rsplit("@", 1)[0], int(i.rsplit("@", 1)[1][:-1]))
+                           if "@" in i and i.endswith("t") else ("", 0)):
+            if group[impl]["kind"] != "variant" or "@" not in impl or not impl.endswith("t"):
+                continue
+            n = impl.rsplit("@", 1)[1]
+            peer, peer_ms = best(group, ("peer",), [f"{name}@{n}" for name in FP32_PEERS])
+            if peer:
+                against.append(f"| {problem} | {function} | {impl} | {times[impl]:.3f} | {peer} | {peer_ms:.3f} | "
+                               f"{ratio(group, peer, impl)} |")
     return ["## Strong scaling (paired)", "",
             "Speedup: time on the fewest threads / time on more, per round; efficiency: speedup / the "
             "ratio of thread counts (1: perfect).", "",
             "| problem | function | implementation | threads | ms | ms | speedup | efficiency |",
-            "|---|---|---|---|---|---|---|---|", *rows, ""]
+            "|---|---|---|---|---|---|---|---|", *rows, ""] + ([
+            "At each thread count, against the fastest fp32 peer at the same count (paired: the peer's "
+            "time / ours; > 1: ours is faster).", "",
+            "| problem | function | implementation | ms | fastest peer, same threads | ms | speedup |",
+            "|---|---|---|---|---|---|---|", *against, ""] if against else [])
 
 
 def precision_of(impl):

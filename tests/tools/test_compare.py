@@ -111,19 +111,29 @@ check(all(len(r["ms"]) == rounds for r in impls.values()), "every count timed in
 check("Strong scaling" in (work / "scaling" / "comparison.md").read_text(), "the report shows the scaling")
 
 # The fp32 and int8 peers of the same layer, where this Python has PyTorch and ONNX Runtime
-# (.venv-peers): each checked against the float64 reference before it is timed, the int8 ones
-# within INT8_TOLERANCE and further off than fp32's tolerance (their projections are quantized).
+# (.venv-peers), at 1 and 2 threads beside a variant: each checked against the float64
+# reference before it is timed, the int8 ones within INT8_TOLERANCE and further off than fp32's
+# tolerance (their projections are quantized); each at both counts, and the variant against
+# the fastest fp32 peer of its own count.
 names = ("pytorch", "pytorch_int8", "onnxruntime", "onnxruntime_int8")
 subprocess.run([sys.executable, str(root / "bench/compare.py"), "--bench", bench, "--out", str(work / "peers"),
-                "--rounds", str(rounds), "--min-time", "0.005", "--pause", "0", "--threads", "2",
-                "--filter", f"attention_layer/({'|'.join(names)})/b1_s128_h384_n12$", "--no-chart"], check=True)
-impls = json.loads((work / "peers" / "comparison.json").read_text())["groups"]
-impls = impls[0]["impls"] if impls else {}
-print(f"compare: peers present here: {sorted(impls) or 'none (no PyTorch, no ONNX Runtime)'}")
-for name, r in impls.items():
+                "--rounds", str(rounds), "--min-time", "0.005", "--pause", "0", "--threads", "1,2",
+                "--filter", f"attention_layer/(manual_sse41|{'|'.join(names)})/b1_s128_h384_n12$", "--no-chart"],
+               check=True)
+impls = json.loads((work / "peers" / "comparison.json").read_text())["groups"][0]["impls"]
+peers = {name: r for name, r in impls.items() if r["kind"] == "peer"}
+print(f"compare: peers present here: {sorted(peers) or 'none (no PyTorch, no ONNX Runtime)'}")
+for name, r in peers.items():
+    base, count = name.rsplit("@", 1)
     fp32 = peer_lib.Peer.tolerance
-    low, high = (fp32, peer_lib.INT8_TOLERANCE) if name.endswith("_int8") else (0, fp32)
+    low, high = (fp32, peer_lib.INT8_TOLERANCE) if base.endswith("_int8") else (0, fp32)
+    check(base in names and count in ("1t", "2t") and f"{base}@{'2t' if count == '1t' else '1t'}" in peers,
+          f"{name}: a peer at both thread counts")
     check("error" not in r and len(r["ms"]) == rounds and low < r.get("max_error", -1) < high,
           f"{name}: checked ({low} < max error < {high}) and timed: {r}")
-print("compare: interleaved rounds complete, paired and rotating; statistics right; scaling across thread counts; "
-      "reduced-precision peers checked and apart")
+if any(name.rsplit("@", 1)[0] in ("pytorch", "onnxruntime") for name in peers):
+    table = (work / "peers" / "comparison.md").read_text().split("fastest fp32 peer at the same count")[-1]
+    check("| manual_sse41@1t |" in table and "| manual_sse41@2t |" in table,
+          "the variant against the fastest fp32 peer of its own thread count")
+print("compare: interleaved rounds complete, paired and rotating; statistics right; scaling across thread counts, "
+      "peers included; reduced-precision peers checked and apart")
