@@ -106,6 +106,16 @@ def numpy_layer(p, d, eps=1e-12):
 INT8_TOLERANCE = 0.05
 
 
+def cpu_has_vnni():
+    """Whether this CPU multiplies u8 by s8 without 16-bit saturation (AVX-512 VNNI or AVX-VNNI:
+    vpdpbusd), from /proc/cpuinfo's flags; False where there is none to read."""
+    try:
+        flags = set(pathlib.Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_vnni", "avx_vnni"})
+
+
 class Peer:
     function = "attention_layer"  # what it computes, as attn_bench names its cases' functions
     checked = True  # held to the float64 reference (expected) before it is timed
@@ -267,15 +277,24 @@ class OnnxRuntimeInt8Peer(OnnxRuntimePeer):
     Attention node becomes QAttention and the output projection's MatMul becomes
     DynamicQuantizeLinear + MatMulInteger, activations uint8 from each call's range (per
     tensor), the softmax, residual and LayerNorm in fp32. Weights QInt8, symmetric in [-127,
-    127] per tensor (per_channel and reduce_range off: the quantizer's defaults): U8S8
-    products, ONNX Runtime's default and what it recommends on x86-64. With AVX-512 VNNI
-    (vpdpbusd, as on this Zen 4) U8S8 cannot overflow; without VNNI its vpmaddubsw can
-    saturate a pair's 16-bit sum, which ONNX Runtime's documentation answers with reduce_range
-    or QUInt8 (U8U8) only where accuracy drops. Checked at INT8_TOLERANCE (0.05; why,
-    with the errors measured, beside it)."""
+    127] per tensor (per_channel off: the quantizer's default): U8S8 products, ONNX Runtime's
+    default and what it recommends on x86-64. With VNNI (vpdpbusd, as on a Zen 4 or a Xeon
+    since Cascade Lake) U8S8 cannot overflow, and reduce_range stays off (the default);
+    without VNNI its vpmaddubsw can saturate a pair's 16-bit sum, which ONNX Runtime's
+    documentation answers with reduce_range (7-bit weights) where accuracy drops, as it does
+    there: on an AVX2 Zen 1 (2026-11-27) the default quantization was 0.116 off the float64
+    reference at MiniLM B=1 S=128, with reduce_range 0.0031. So the peer quantizes with
+    reduce_range on a CPU without VNNI (its version says so). Checked at INT8_TOLERANCE (0.05;
+    why, with the errors measured, beside it)."""
 
     name = "onnxruntime_int8"
     tolerance = INT8_TOLERANCE
+
+    def __init__(self, threads):
+        super().__init__(threads)
+        self.reduce_range = not cpu_has_vnni()
+        if self.reduce_range:
+            self.version += " (reduce_range: no VNNI on this CPU)"
 
     def model(self, p, d):
         import onnx
@@ -283,7 +302,7 @@ class OnnxRuntimeInt8Peer(OnnxRuntimePeer):
 
         with tempfile.TemporaryDirectory() as folder:  # quantize_dynamic writes its model to a file
             int8 = pathlib.Path(folder, "int8.onnx")
-            quantize_dynamic(super().model(p, d), int8, weight_type=QuantType.QInt8)
+            quantize_dynamic(super().model(p, d), int8, weight_type=QuantType.QInt8, reduce_range=self.reduce_range)
             return onnx.load(int8)
 
 
