@@ -72,7 +72,7 @@ class WorkerCase:
         # (report.py).
         self.kind = ("peer" if self.impl.startswith("openblas") else
                      "baseline" if self.impl.startswith("per_sequence_") else
-                     report.precision_of(self.impl) or "variant")
+                     report.precision_of(case["name"].split("/")[1]) or "variant")
 
     def prepare(self):
         return self.worker.ask("prepare", self.name)
@@ -149,6 +149,8 @@ def thread_counts(text):
     counts = [int(n) for n in text.split(",")]
     if any(n < 1 for n in counts):
         raise argparse.ArgumentTypeError(f"expected thread counts of at least 1, got {text!r}")
+    if len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"expected each thread count once, got {text!r}")
     return counts
 
 

@@ -401,7 +401,7 @@ def chart(doc, path):
             group = groups[name]
             roof = roofline(group)
             members = {i: t for i, t in timed(group).items() if (i == family or i.startswith(family + "_"))
-                       and group[i]["kind"] not in PRECISIONS and i not in REDUCED_PEERS}
+                       and group[i]["kind"] not in PRECISIONS and i.split("@")[0] not in REDUCED_PEERS}
             r = ratio(group, min(members, key=members.get), roof) if members and roof else None
             values.append(r.median if r else 0)
             errors[0].append(r.median - r.lo if r else 0)

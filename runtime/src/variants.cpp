@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <string_view>
 #include <vector>
 
 // The compiled functions' headers (the table's macros are left undefined: only the includes).
@@ -194,7 +195,7 @@ DefaultChoice choose_default() {
         for (const manifest::ShapeClass &c : manifest::kShapeClasses) {
             const Entry *pick = picks.emplace_back(class_pick(m, c.name));
             const bool ranked = std::any_of(m.classes.begin(), m.classes.end(),
-                                            [&](const manifest::ClassOrder &o) { return c.name == o.shape_class; });
+                                            [&](const manifest::ClassOrder &o) { return std::string_view(c.name) == o.shape_class; });
             by_class += std::string(by_class.empty() ? "" : ", ") + c.name +
                         (c.max_seq ? " (max(S_q, S_k) <= " + std::to_string(c.max_seq) + ")" : std::string()) + " " +
                         (pick     ? pick->info.name

@@ -132,8 +132,10 @@ for name, r in peers.items():
     check("error" not in r and len(r["ms"]) == rounds and low < r.get("max_error", -1) < high,
           f"{name}: checked ({low} < max error < {high}) and timed: {r}")
 if any(name.rsplit("@", 1)[0] in ("pytorch", "onnxruntime") for name in peers):
-    table = (work / "peers" / "comparison.md").read_text().split("fastest fp32 peer at the same count")[-1]
-    check("| manual_sse41@1t |" in table and "| manual_sse41@2t |" in table,
+    report_text = (work / "peers" / "comparison.md").read_text()
+    table = report_text.split("fastest fp32 peer at the same count")[-1]
+    check("fastest fp32 peer at the same count" in report_text and
+          "| attention_layer | manual_sse41@1t |" in table and "| attention_layer | manual_sse41@2t |" in table,
           "the variant against the fastest fp32 peer of its own thread count")
 print("compare: interleaved rounds complete, paired and rotating; statistics right; scaling across thread counts, "
       "peers included; reduced-precision peers checked and apart")
