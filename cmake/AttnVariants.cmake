@@ -8,11 +8,13 @@ set(ATTN_COMPILED_LINES "")
 set(ATTN_COMPILED_HEADERS "")
 set(ATTN_KERNEL_LIBRARIES "")
 
-# Libraries made beforehand by `attn generate` (e.g. for another CPU, to check them under
-# its emulator: tools/test.sh's arm64 run) instead of by this build: the folder it wrote,
-# holding every library of the variants built, named as the build names them
-# (attn generate --name-suffix <isa>).
-set(ATTN_PREBUILT_KERNELS "" CACHE PATH "A folder of attn generate's libraries to use instead of building them")
+# Libraries made beforehand instead of by this build: the folder `attn generate` wrote (e.g.
+# for another CPU, to check them under its emulator: tools/test.sh's arm64 run), holding
+# every library of the variants built, named as the build names them (attn generate
+# --name-suffix <isa>); or another build's folder, whose objects of the same names are the
+# same kernels (tools/test.sh's sanitizer run takes the release build's: kernels are
+# compiled by Halide alike in every build type, and only the C++ around them is sanitized).
+set(ATTN_PREBUILT_KERNELS "" CACHE PATH "A folder of attn generate's libraries, or another build's folder, to use instead of building the kernels")
 
 # Halide's profiler compiled into every CPU kernel and the runtime: at exit each pipeline
 # called prints its time per Func and the threads busy (tools/halide_profile.py reads it). A
@@ -27,18 +29,27 @@ function(_attn_halide_target target device out_var)
     set(${out_var} "${target}" PARENT_SCOPE)
 endfunction()
 
-# One AOT function's object and header, from an attn generate folder: the archive's one
-# object, taken out at configure time (so a change to the folder needs a reconfigure).
+# One AOT function's object and header, from an attn generate folder (the archive's one
+# object) or a build's (its object), copied at configure time (so a change to the folder
+# needs a reconfigure).
 function(_attn_prebuilt_object name source isa out_var)
     set(archive "${ATTN_PREBUILT_KERNELS}/${name}.a")
-    if (NOT EXISTS "${archive}" OR NOT EXISTS "${ATTN_PREBUILT_KERNELS}/${name}.h")
-        message(FATAL_ERROR "ATTN_PREBUILT_KERNELS: ${ATTN_PREBUILT_KERNELS} has no ${name}.a and .h; make them with "
-                            "attn generate --target ${ATTN_ISA_${isa}_TARGET} --schedule ${source} --name-suffix ${isa}")
+    set(object "${ATTN_PREBUILT_KERNELS}/${name}.o")
+    if ((NOT EXISTS "${archive}" AND NOT EXISTS "${object}") OR NOT EXISTS "${ATTN_PREBUILT_KERNELS}/${name}.h")
+        message(FATAL_ERROR "ATTN_PREBUILT_KERNELS: ${ATTN_PREBUILT_KERNELS} has no ${name}.a (or .o) and .h; make them "
+                            "with attn generate --target ${ATTN_ISA_${isa}_TARGET} --schedule ${source} --name-suffix "
+                            "${isa}, or build them in that build")
     endif ()
     set(dir "${CMAKE_CURRENT_BINARY_DIR}/prebuilt/${name}")
     file(REMOVE_RECURSE "${dir}")
     file(MAKE_DIRECTORY "${dir}")
-    execute_process(COMMAND ${CMAKE_AR} x "${archive}" WORKING_DIRECTORY "${dir}" RESULT_VARIABLE failed)
+    if (EXISTS "${archive}")
+        execute_process(COMMAND ${CMAKE_AR} x "${archive}" WORKING_DIRECTORY "${dir}" RESULT_VARIABLE failed)
+    else ()
+        file(COPY "${object}" DESTINATION "${dir}")
+        set(archive "${object}")
+        set(failed 0)
+    endif ()
     file(GLOB objects "${dir}/*.o")
     list(LENGTH objects count)
     if (failed OR NOT count EQUAL 1)

@@ -54,10 +54,12 @@ run_arm64() {
 if (($#)); then
   case "$1" in
     arm64-qemu) run_arm64 ;;
-    *) run_preset "$1" "-Uattn-halide_generators_DIR" ;;
+    *) run_preset "$1" "-Uattn-halide_generators_DIR" "-UATTN_PREBUILT_KERNELS" ;;
   esac
 else
-  run_preset release "-Uattn-halide_generators_DIR"
+  run_preset release "-Uattn-halide_generators_DIR" "-UATTN_PREBUILT_KERNELS"
   run_arm64
-  run_preset asan-ci "$generators"
+  # The sanitizer run's kernels are the release build's (the same generators, targets and
+  # parameters; Halide compiles them alike in any build type): only its C++ is built again.
+  run_preset asan-ci "$generators" "-DATTN_PREBUILT_KERNELS=$PWD/build/release"
 fi
