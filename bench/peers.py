@@ -155,7 +155,6 @@ class PyTorchPeer(Peer):
     def __init__(self, threads, precision="fp32"):
         import torch
 
-        torch.set_num_threads(threads)
         self.torch, self.precision, self.threads = torch, precision, threads
         self.name = "pytorch" + ("" if precision == "fp32" else "_" + precision)
         self.tolerance = {"fp32": Peer.tolerance, "bf16": 0.05, "int8": INT8_TOLERANCE}[precision]
@@ -386,8 +385,6 @@ class SdpaCorePeer(Peer):
 
         if device == "cuda" and not torch.cuda.is_available():
             raise ImportError("no CUDA device for PyTorch")
-        if threads:
-            torch.set_num_threads(threads)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         self.torch, self.device, self.bf16, self.threads = torch, device, bf16, threads

@@ -236,7 +236,7 @@ def scaling_section(doc, groups):
     """Strong scaling, where compare.py timed an implementation at several thread counts
     (<impl>@<n>t): the speedup over the fewest threads, paired per round, and the efficiency,
     speedup / (n / fewest)."""
-    rows = []
+    rows, against = [], []
     for p in doc["problems"]:
         for (function, problem), group in groups.items():
             if problem != p["name"]:
@@ -249,6 +249,13 @@ def scaling_section(doc, groups):
             for base, ns in sorted(counts.items()):
                 fewest = min(ns)
                 for n in sorted(ns):
+                    if group[f"{base}@{n}t"]["kind"] == "variant":
+                        # Against the fastest fp32 peer at its own thread count, where peers were timed.
+                        peer, peer_ms = best(group, ("peer",), [f"{name}@{n}t" for name in FP32_PEERS])
+                        if peer:
+                            against.append(f"| {problem} | {function} | {base}@{n}t | "
+                                           f"{median(group[f'{base}@{n}t']['ms']):.3f} | {peer} | {peer_ms:.3f} | "
+                                           f"{ratio(group, peer, f'{base}@{n}t')} |")
                     if n == fewest:
                         continue
                     r = ratio(group, f"{base}@{fewest}t", f"{base}@{n}t")
@@ -258,19 +265,6 @@ def scaling_section(doc, groups):
                                 f"{r} | {r.median / share:.2f} [{r.lo / share:.2f}, {r.hi / share:.2f}] |")
     if not rows:
         return []
-    # Each variant against the fastest fp32 peer at its own thread count, where peers were timed.
-    against = []
-    for (function, problem), group in groups.items():
-        times = timed(group)
-        for impl in sorted(times, key=lambda i: (i.rsplit("@", 1)[0], int(i.rsplit("@", 1)[1][:-1]))
-                           if "@" in i and i.endswith("t") else ("", 0)):
-            if group[impl]["kind"] != "variant" or "@" not in impl or not impl.endswith("t"):
-                continue
-            n = impl.rsplit("@", 1)[1]
-            peer, peer_ms = best(group, ("peer",), [f"{name}@{n}" for name in FP32_PEERS])
-            if peer:
-                against.append(f"| {problem} | {function} | {impl} | {times[impl]:.3f} | {peer} | {peer_ms:.3f} | "
-                               f"{ratio(group, peer, impl)} |")
     return ["## Strong scaling (paired)", "",
             "Speedup: time on the fewest threads / time on more, per round; efficiency: speedup / the "
             "ratio of thread counts (1: perfect).", "",

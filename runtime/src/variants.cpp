@@ -157,12 +157,10 @@ const Entry *first_runnable(const manifest::Names &order, bool dispatched = fals
     return nullptr;
 }
 
-// The measured pick of a shape class: the first of its ranking that runs here and is a
-// hand-written or tuned CPU variant (those provide every layer function, and read the same
-// prepared weights); null if the class was not ranked or none of its ranking qualifies.
-const Entry *class_pick(const manifest::MeasuredOrder &m, const std::string &shape_class) {
+// A measurement's ranking of one shape class; null if it timed none of the class's problems.
+const manifest::ClassOrder *class_ranking(const manifest::MeasuredOrder &m, std::string_view shape_class) {
     for (const manifest::ClassOrder &c : m.classes) {
-        if (shape_class == c.shape_class) return first_runnable(c.order, true);
+        if (shape_class == c.shape_class) return &c;
     }
     return nullptr;
 }
@@ -193,9 +191,11 @@ DefaultChoice choose_default() {
         std::string by_class;
         std::vector<const Entry *> picks;
         for (const manifest::ShapeClass &c : manifest::kShapeClasses) {
-            const Entry *pick = picks.emplace_back(class_pick(m, c.name));
-            const bool ranked = std::any_of(m.classes.begin(), m.classes.end(),
-                                            [&](const manifest::ClassOrder &o) { return std::string_view(c.name) == o.shape_class; });
+            // The class's pick: the first of its ranking that runs here and is a hand-written or
+            // tuned CPU variant (those provide every layer function, and read the same prepared
+            // weights).
+            const manifest::ClassOrder *ranked = class_ranking(m, c.name);
+            const Entry *pick = picks.emplace_back(ranked ? first_runnable(ranked->order, true) : nullptr);
             by_class += std::string(by_class.empty() ? "" : ", ") + c.name +
                         (c.max_seq ? " (max(S_q, S_k) <= " + std::to_string(c.max_seq) + ")" : std::string()) + " " +
                         (pick     ? pick->info.name
