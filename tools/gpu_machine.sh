@@ -38,6 +38,11 @@
 #                                      at 1 to all its threads (tools/halide_profile.py, the
 #                                      hand-written AVX-512 layers at B=1 S=128, from a
 #                                      build with Halide's profiler that pack makes too)
+#   tools/gpu_machine.sh trace [REGEX] there: where each CUDA call's time goes, kernel by
+#                                      kernel, and what the host does around the kernels: each
+#                                      case (default $traced) run alone by attn_bench under the
+#                                      CUPTI tracer (bench/kernel_trace.cpp), summarized by
+#                                      tools/gpu_trace.py into trace/trace.md
 #   tools/gpu_machine.sh bench PART    there: the interleaved comparison, PART one of
 #                                      layer-short (fused layer, S <= 512), layer-long
 #                                      (S >= 2048), stages (each stage alone), core (the
@@ -83,13 +88,16 @@ profile_filter='^attention_layer/manual_avx512_(skylake|zen4)(_bf16|_int8)?/b1_s
 # first) once the CPU ones do.
 campaign=(
   "9|machine;test cuda;tune attention_layer;tune attention_scores masked_softmax weighted_sum qkv_projection output_layernorm;test avx512|the GPU, driver and host CPU; every CUDA variant against the reference; every function's candidates checked and timed, the fused layer's beside PyTorch eager, SDPA and the cuBLAS roofline (tune/); every AVX-512 variant on the host CPU"
-  "4|bench layer;bench core;bench stages;bench cpu;python|(after freeze and pack here) the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors"
+  "5|trace;bench layer;bench core;bench stages;bench cpu;python|(after freeze and pack here) each CUDA call's time kernel by kernel and the host's around it (trace/); the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors"
   "9|profile;tune --isa avx512_skylake attention_layer;tune --isa avx512_skylake attention_scores masked_softmax weighted_sum qkv_projection output_layernorm|(needs tools/gpu_machine.sh bundles avx512_skylake here; the next session's first call if this one has no minutes left) where the host CPU's time goes at 1 to all its threads (profile/); the host CPU's candidates checked and timed on all its threads, the fused layer's beside ONNX Runtime and PyTorch (tune-avx512_skylake/): freeze then makes autotuned_avx512_skylake"
 )
 # What a GPU comparison times: the hand-written and tuned CUDA variants and the peers (the
 # autoscheduled ones took 1.6-8x manual_cuda's time on an H100; bench ... --filter REGEX
 # names others).
 compared='(manual_cuda|autotuned_cuda|pytorch_eager|pytorch_sdpa|pytorch_sdpa_bf16|cublas_roofline)'
+# What the trace step traces: the fused layer short, padded, packed (its packed batch took 4.3x
+# the padded one's time on the H200 of 2026-11-26, unexplained) and long, the core long.
+traced='^attention_layer/(manual|autotuned)_cuda/(b1_s128_h768_n12|b8_s128_h768_n12_pad|b8_s128_h768_n12_varlen|b32_s384_h768_n12_varlen|b1_s2048_h768_n12)$|^attention_core/manual_cuda/b1_s2048_h768_n12$'
 
 # OpenBLAS 0.3.21 does not know the newest CPUs (Sapphire Rapids) and falls back to its
 # Prescott kernels, which made the roofline of the 2026-11-23 host meaningless: name the
@@ -123,11 +131,13 @@ case "$step" in
 pack)
   source tools/setup.sh
   cmake --preset release -B build/gpu -DATTN_ONLY_VARIANTS="$variants" >/dev/null
-  cmake --build build/gpu --target attn_tests attn_bench attn_python_module
+  cmake --build build/gpu --target attn_tests attn_bench attn_python_module attn_kernel_trace
   rm -rf "$carry" && mkdir -p "$carry/lib" "$carry/python/attn"
   for program in tests/attn_tests bench/attn_bench; do
     strip -o "$carry/$(basename "$program")" "build/gpu/$program"
   done
+  # The CUPTI tracer (the trace step), beside the libcupti it was built with (ldd below).
+  strip -o "$carry/lib/libattn_kernel_trace.so" build/gpu/bench/libattn_kernel_trace.so
   # The benchmark worker again with Halide's profiler in its CPU kernels (the profile step).
   cmake --preset release -B build/gpu-profile -DATTN_PROFILE=ON -DATTN_ONLY_VARIANTS="$profiled" \
     -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_PYTHON=OFF >/dev/null
@@ -139,7 +149,7 @@ pack)
   python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")' > "$carry/python/VERSION"
   # The shared libraries that an image with only the CUDA driver and PyTorch may lack:
   # every one the programs need outside glibc, the C++ runtime and the loader.
-  ldd "$carry/attn_tests" "$carry/attn_bench" | awk '/=> \//{print $3}' | sort -u |
+  ldd "$carry/attn_tests" "$carry/attn_bench" "$carry/lib/libattn_kernel_trace.so" | awk '/=> \//{print $3}' | sort -u |
     grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
     while read -r library; do cp -L "$library" "$carry/lib/"; done
   tar -C build -cf - gpu-carry | xz -T0 -6 > build/gpu-carry.tar.xz
@@ -299,6 +309,24 @@ profile)
   python3 tools/halide_profile.py --bench "$carry/attn_bench_profile" --filter "$profile_filter" --threads "${counts[@]}" \
     --min-time 0.3 --out "$out/profile" "$@"
   ;;
+trace)
+  # One attn_bench process per case, so that a trace holds one case's calls: the driver loads
+  # the tracer named by CUDA_INJECTION64_PATH when the process initializes CUDA.
+  export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  filter="${1:-$traced}"
+  rm -rf "$out/trace" && mkdir -p "$out/trace"
+  traces="$(realpath "$out/trace")"
+  mapfile -t cases < <("$carry/attn_bench" --benchmark_list_tests --benchmark_filter="$filter")
+  ((${#cases[@]})) || { echo "trace: no case matches $filter" >&2; exit 1; }
+  for case in "${cases[@]}"; do
+    file="$traces/${case//\//__}"
+    CUDA_INJECTION64_PATH="$PWD/$carry/lib/libattn_kernel_trace.so" ATTN_KERNEL_TRACE="$file.jsonl" \
+      "$carry/attn_bench" --benchmark_filter="^$case\$" --benchmark_min_time=0.2 \
+      --benchmark_out="$file.bench.json" --benchmark_out_format=json > "$file.log" 2>&1 ||
+      { echo "trace: $case failed:"; tail -5 "$file.log"; }
+  done
+  python3 tools/gpu_trace.py "$out/trace"
+  ;;
 bench)
   export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   openblas_kernels
@@ -324,7 +352,7 @@ bench)
   esac
   ;;
 *)
-  echo "usage: tools/gpu_machine.sh [--out DIR] pack|bundles [ISA]|campaign|call N|machine|test|tune [--isa ISA] FUNCTION...|python|profile|bench PART|freeze [ISA]" >&2
+  echo "usage: tools/gpu_machine.sh [--out DIR] pack|bundles [ISA]|campaign|call N|machine|test|tune [--isa ISA] FUNCTION...|python|profile|trace [REGEX]|bench PART|freeze [ISA]" >&2
   exit 2
   ;;
 esac
