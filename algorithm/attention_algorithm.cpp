@@ -119,10 +119,14 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
         l.product(out, s, b) = 0.0f;
         // Pairs of input features; an odd count's last pair is completed by a zero weight.
         define_weight_in_groups(l.weight_transposed, weight, layout, 2, features, BFloat(16));
+        const std::vector<Var> pair_out_in = l.weight_transposed.args();
+        l.weight_f32 = Func{name + "_weight_f32"};
+        l.weight_f32(pair_out_in) = cast<float>(l.weight_transposed(pair_out_in));
+        l.input_f32 = Func{name + "_input_f32"};
+        l.input_f32(dims.hidden, s, b) = cast<float>(in(dims.hidden, s, b));
         l.k = RDom({{0, 2}, {0, (features + 1) / 2}}, name + "_k");
         // Not clamped (as int8's quads): a pair is one 4-byte load, broadcast to every lane.
-        l.product(out, s, b) += cast<float>(in(2 * l.k.y + l.k.x, last(s, tokens), b)) *
-                                cast<float>(l.weight_transposed(l.k.x, out, l.k.y));
+        l.product(out, s, b) += l.input_f32(2 * l.k.y + l.k.x, last(s, tokens), b) * l.weight_f32(l.k.x, out, l.k.y);
     }
     if (!result.defined()) result = l.product(out, s, b);
     l.out = Func{name};

@@ -101,6 +101,11 @@ struct Linear {
     // a schedule vectorizes over (pair, out) for vdpbf16ps; int8 likewise in quads,
     // (quad, out, in_quad), for vpdpbusd.
     Halide::Func weight_transposed;
+    // bf16 only: weight_transposed and the input widened to f32 (exactly), the operands the
+    // product multiplies. A target with bf16 products inlines them (vdpbf16ps takes the
+    // pairs as they are); elsewhere a schedule computes them once, a panel of weights and
+    // the rows, so that its register tiles run the fp32 loop (bf16 storage, f32 arithmetic).
+    Halide::Func weight_f32, input_f32;
     WeightLayout weight_layout;  // transposed, grouped: weight_transposed only reads the weight
     Precision precision;
     Halide::Func product;  // (out, seq, batch): Σ_k in · Wᵀ, the GEMM (int8: in i32)

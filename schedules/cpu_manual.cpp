@@ -46,8 +46,8 @@ bool native_bf16(const Target &target) {
 // `row` unrolled, the reduction outside both. A bf16 or int8 GEMM's reduction starts with
 // its pair or quad of features (attn_gen::Linear::k): the group and the lanes are one
 // vector of 2·vw or 4·vw products summed groupwise into vw lanes (vdpbf16ps, vpdpbusd;
-// int8 without VNNI, pmaddwd and adds). bf16 without native products unrolls the pair,
-// each an f32 multiply-add of widened operands.
+// int8 without VNNI, pmaddwd and adds). bf16 without native products multiplies operands
+// widened before the tile (attn_gen::Linear::weight_f32, input_f32), as fp32 does.
 void register_tile(Func tile, const Var &column, const Var &row, const std::vector<RVar> &reduction, int columns,
                    LoopLevel at, const CpuTiling &t, const Target &target,
                    attn_gen::Precision precision = attn_gen::Precision::fp32) {
@@ -72,8 +72,9 @@ void register_tile(Func tile, const Var &column, const Var &row, const std::vect
     }
     std::vector<VarOrRVar> order{lane, vec, row};
     order.insert(order.end(), reduction.begin(), reduction.end());
+    // (bf16 without native products: the pair a loop of two, not unrolled, so that one
+    // feature's vectors are live at a time and the accumulators stay in registers.)
     update.reorder(order).vectorize(lane).unroll(vec).unroll(row);
-    if (bf16) update.unroll(reduction[0]);
 }
 
 // A reduction over one row (max, sum) computed at `at`, vectorized across the row: a
@@ -111,7 +112,8 @@ void vectorized_row_reduction(Func reduction, RVar along, LoopLevel at, const Ta
 void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const std::vector<RVar> &reduction,
                          VarOrRVar rows, LoopLevel at, const CpuTiling &t, const Target &target,
                          attn_gen::Precision precision = attn_gen::Precision::fp32,
-                         attn_gen::WeightLayout layout = attn_gen::WeightLayout::linear, Expr reads = Expr()) {
+                         attn_gen::WeightLayout layout = attn_gen::WeightLayout::linear, Expr reads = Expr(),
+                         Func weight_f32 = Func(), Func input_f32 = Func()) {
     const int vw = vector_width(target), panel = vw * t.tile_vectors;
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
@@ -146,6 +148,28 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
         register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
         return;
     }
+    if (precision == attn_gen::Precision::bf16 && !native_bf16(target)) {
+        // bf16 storage, f32 arithmetic: the panel widened once per call (from the bf16
+        // weight, half fp32's bytes), outputs innermost, and the rows once, so that the
+        // register tiles run fp32's loop, one load or broadcast per vector of products (widened
+        // in the tile, the widening took as many vector operations as the multiply-adds).
+        Var g = weight_f32.args()[0], in_group = weight_f32.args()[2];
+        weight_f32.compute_at(out, oo)
+            .bound_extent(o, panel)
+            .bound_extent(g, 2)
+            .reorder(g, o, in_group)
+            .vectorize(o, vw)
+            .unroll(g)
+            .reorder_storage(o, g, in_group);
+        Var so_in{"so_in"}, si_in{"si_in"};
+        input_f32.compute_root()
+            .split(s, so_in, si_in, 16, kGuard)
+            .parallel(so_in)
+            .parallel(b)
+            .vectorize(o, vw, kGuard);
+        register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
+        return;
+    }
     weight_transposed.compute_at(out, oo).bound_extent(o, panel);
     if (precision == attn_gen::Precision::fp32) {
         weight_transposed.split(in_feature, ko, ki, vw, kGuard).reorder(o, ki, ko).vectorize(o, vw).unroll(ki);
@@ -154,8 +178,6 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
         const int group = precision == attn_gen::Precision::bf16 ? 2 : 4;
         Var g = weight_transposed.args()[0], in_group = weight_transposed.args()[2];
         weight_transposed.bound_extent(g, group).reorder(g, o, in_group).vectorize(o, vw).unroll(g);
-        if (precision == attn_gen::Precision::bf16 && !native_bf16(target))
-            weight_transposed.reorder_storage(o, g, in_group);
     }
     register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
 }
@@ -164,7 +186,7 @@ void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, c
                          Expr reads = Expr()) {
     const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
     schedule_panel_gemm(l.out, l.weight_transposed, l.product, rvars(l.k), rows, at, t, target, l.precision,
-                        l.weight_layout, reads);
+                        l.weight_layout, reads, l.weight_f32, l.input_f32);
 }
 
 // bf16 activations (attn_gen::rounded_to_bf16), rounded once, before the GEMMs that read
@@ -304,7 +326,8 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
         schedule_rounded(n.context_rounded, target);
         if (n.context_quantized.values.defined()) schedule_quantized(n.context_quantized, target);
         schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, rvars(n.rounded.k), s, LoopLevel::root(),
-                            t, target, n.rounded.precision, n.weight_layout);
+                            t, target, n.rounded.precision, n.weight_layout, Expr(), n.rounded.weight_f32,
+                            n.rounded.input_f32);
     } else {
         schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, rvars(n.in_feature), s, LoopLevel::root(), t,
                             target, attn_gen::Precision::fp32, n.weight_layout);
