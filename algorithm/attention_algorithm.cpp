@@ -104,11 +104,18 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
         // Quads of input features; the last quad is completed by zero weights.
         l.product(out, s, b) = 0;
         define_weight_in_groups(l.weight_transposed, weight, layout, 4, features, Int(8));
+        Var pair{"pair"}, pair_in_quad{"pair_in_quad"};
+        const Var in_quad = l.weight_transposed.args()[2];
+        l.weight_widened = Func{name + "_weight_widened"};
+        l.weight_widened(pair, out, pair_in_quad, in_quad) =
+            cast<int16_t>(l.weight_transposed(2 * pair_in_quad + pair, out, in_quad));
+        l.input_widened = Func{name + "_input_widened"};
+        l.input_widened(dims.hidden, s, b) = cast<int16_t>(in(dims.hidden, s, b));
         l.k = RDom({{0, 4}, {0, (features + 3) / 4}}, name + "_k");
         // Not clamped (QuantizedRows::values is defined past the row), so that a quad is one
         // 4-byte load, broadcast to every lane.
-        l.product(out, s, b) += cast<int32_t>(in(4 * l.k.y + l.k.x, last(s, tokens), b)) *
-                                cast<int32_t>(l.weight_transposed(l.k.x, out, l.k.y));
+        l.product(out, s, b) += cast<int32_t>(l.input_widened(4 * l.k.y + l.k.x, last(s, tokens), b)) *
+                                cast<int32_t>(l.weight_widened(l.k.x % 2, out, l.k.x / 2, l.k.y));
         // The scales are read at `out` itself, not clamped: the epilogue runs on real outputs
         // only (a clamped vector index would be a gather).
         const QuantizedRows &r = int8.rows;
@@ -120,13 +127,13 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
         // Pairs of input features; an odd count's last pair is completed by a zero weight.
         define_weight_in_groups(l.weight_transposed, weight, layout, 2, features, BFloat(16));
         const std::vector<Var> pair_out_in = l.weight_transposed.args();
-        l.weight_f32 = Func{name + "_weight_f32"};
-        l.weight_f32(pair_out_in) = cast<float>(l.weight_transposed(pair_out_in));
-        l.input_f32 = Func{name + "_input_f32"};
-        l.input_f32(dims.hidden, s, b) = cast<float>(in(dims.hidden, s, b));
+        l.weight_widened = Func{name + "_weight_widened"};
+        l.weight_widened(pair_out_in) = cast<float>(l.weight_transposed(pair_out_in));
+        l.input_widened = Func{name + "_input_widened"};
+        l.input_widened(dims.hidden, s, b) = cast<float>(in(dims.hidden, s, b));
         l.k = RDom({{0, 2}, {0, (features + 1) / 2}}, name + "_k");
         // Not clamped (as int8's quads): a pair is one 4-byte load, broadcast to every lane.
-        l.product(out, s, b) += l.input_f32(2 * l.k.y + l.k.x, last(s, tokens), b) * l.weight_f32(l.k.x, out, l.k.y);
+        l.product(out, s, b) += l.input_widened(2 * l.k.y + l.k.x, last(s, tokens), b) * l.weight_widened(l.k.x, out, l.k.y);
     }
     if (!result.defined()) result = l.product(out, s, b);
     l.out = Func{name};

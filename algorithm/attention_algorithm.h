@@ -101,11 +101,14 @@ struct Linear {
     // a schedule vectorizes over (pair, out) for vdpbf16ps; int8 likewise in quads,
     // (quad, out, in_quad), for vpdpbusd.
     Halide::Func weight_transposed;
-    // bf16 only: weight_transposed and the input widened to f32 (exactly), the operands the
-    // product multiplies. A target with bf16 products inlines them (vdpbf16ps takes the
-    // pairs as they are); elsewhere a schedule computes them once, a panel of weights and
-    // the rows, so that its register tiles run the fp32 loop (bf16 storage, f32 arithmetic).
-    Halide::Func weight_f32, input_f32;
+    // bf16 and int8: the operands the product multiplies, widened exactly (bf16 to f32, int8
+    // and u8 to i16). A target with the reduced-precision products inlines them (vdpbf16ps
+    // and vpdpbusd take the pairs and quads as they are); elsewhere a schedule computes them
+    // once, a panel of weights and the rows, so that its register tiles load ready operands:
+    // bf16 runs the fp32 loop, int8 pmaddwd on pairs. bf16: weight_widened(pair, out,
+    // in_pair), as weight_transposed. int8: weight_widened(pair, out, pair_in_quad, in_quad)
+    // = W[out, 4·in_quad + 2·pair_in_quad + pair], each pair of vw outputs adjacent.
+    Halide::Func weight_widened, input_widened;
     WeightLayout weight_layout;  // transposed, grouped: weight_transposed only reads the weight
     Precision precision;
     Halide::Func product;  // (out, seq, batch): Σ_k in · Wᵀ, the GEMM (int8: in i32)

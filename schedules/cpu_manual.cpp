@@ -41,13 +41,22 @@ bool native_bf16(const Target &target) {
     return target.has_feature(Target::AVX512_Zen4) || target.has_feature(Target::AVX512_SapphireRapids);
 }
 
+// Whether the target sums u8·i8 quads natively (VNNI's vpdpbusd: avxvnni, and Halide's
+// avx512_zen4 and avx512_sapphirerapids targets). Elsewhere an int8 GEMM multiplies pairs
+// of operands widened to i16 (pmaddwd), as exact.
+bool native_int8(const Target &target) {
+    return target.has_feature(Target::AVXVNNI) || target.has_feature(Target::AVX512_Zen4) ||
+           target.has_feature(Target::AVX512_SapphireRapids);
+}
+
 // Computes the reduction `tile` (a pure init and one update over `reduction`) as a
 // register tile of `columns` × t.tile_rows at `at`: `column` vectorized and unrolled,
 // `row` unrolled, the reduction outside both. A bf16 or int8 GEMM's reduction starts with
 // its pair or quad of features (attn_gen::Linear::k): the group and the lanes are one
-// vector of 2·vw or 4·vw products summed groupwise into vw lanes (vdpbf16ps, vpdpbusd;
-// int8 without VNNI, pmaddwd and adds). bf16 without native products multiplies operands
-// widened before the tile (attn_gen::Linear::weight_f32, input_f32), as fp32 does.
+// vector of 2·vw or 4·vw products summed groupwise into vw lanes (vdpbf16ps, vpdpbusd).
+// Without them the operands are widened before the tile (attn_gen::Linear::weight_widened,
+// input_widened): bf16 multiplies them as fp32 does; int8 takes each quad as two pairs, a
+// pair and the lanes one vector of 2·vw i16 products summed pairwise (pmaddwd).
 void register_tile(Func tile, const Var &column, const Var &row, const std::vector<RVar> &reduction, int columns,
                    LoopLevel at, const CpuTiling &t, const Target &target,
                    attn_gen::Precision precision = attn_gen::Precision::fp32) {
@@ -61,13 +70,21 @@ void register_tile(Func tile, const Var &column, const Var &row, const std::vect
         .unroll(row);
     Stage update = tile.update();
     update.split(column, vec, lane, vw);
-    const bool bf16 = precision == attn_gen::Precision::bf16;
-    if ((bf16 && native_bf16(target)) || precision == attn_gen::Precision::int8) {
+    const bool bf16 = precision == attn_gen::Precision::bf16, int8 = precision == attn_gen::Precision::int8;
+    if ((bf16 && native_bf16(target)) || (int8 && native_int8(target))) {
         const RVar &group = reduction[0];
         RVar group_lane{"group_lane"};
         std::vector<VarOrRVar> order{group, lane, vec, row};
         order.insert(order.end(), reduction.begin() + 1, reduction.end());
         update.reorder(order).fuse(group, lane, group_lane).atomic().vectorize(group_lane).unroll(vec).unroll(row);
+        return;
+    }
+    if (int8) {
+        RVar pair_in_quad{"pair_in_quad"}, pair{"pair"}, pair_lane{"pair_lane"};
+        update.split(reduction[0], pair_in_quad, pair, 2);
+        std::vector<VarOrRVar> order{pair, lane, vec, row, pair_in_quad};
+        order.insert(order.end(), reduction.begin() + 1, reduction.end());
+        update.reorder(order).fuse(pair, lane, pair_lane).atomic().vectorize(pair_lane).unroll(vec).unroll(row);
         return;
     }
     std::vector<VarOrRVar> order{lane, vec, row};
@@ -113,7 +130,7 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
                          VarOrRVar rows, LoopLevel at, const CpuTiling &t, const Target &target,
                          attn_gen::Precision precision = attn_gen::Precision::fp32,
                          attn_gen::WeightLayout layout = attn_gen::WeightLayout::linear, Expr reads = Expr(),
-                         Func weight_f32 = Func(), Func input_f32 = Func()) {
+                         Func weight_widened = Func(), Func input_widened = Func()) {
     const int vw = vector_width(target), panel = vw * t.tile_vectors;
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
@@ -142,27 +159,33 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
     };
     if (reads.defined()) tasks(stage.specialize(reads));
     tasks(stage);
-    const bool panel_layout = precision == attn_gen::Precision::int8 || native_bf16(target);
+    const bool widened = (precision == attn_gen::Precision::bf16 && !native_bf16(target)) ||
+                         (precision == attn_gen::Precision::int8 && !native_int8(target));
+    const bool panel_layout = precision != attn_gen::Precision::fp32 && !widened;
     if ((layout == attn_gen::WeightLayout::grouped && panel_layout) ||
         (layout == attn_gen::WeightLayout::transposed && precision == attn_gen::Precision::fp32)) {
         register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
         return;
     }
-    if (precision == attn_gen::Precision::bf16 && !native_bf16(target)) {
-        // bf16 storage, f32 arithmetic: the panel widened once per call (from the bf16
-        // weight, half fp32's bytes), outputs innermost, and the rows once, so that the
-        // register tiles run fp32's loop, one load or broadcast per vector of products (widened
-        // in the tile, the widening took as many vector operations as the multiply-adds).
-        Var g = weight_f32.args()[0], in_group = weight_f32.args()[2];
-        weight_f32.compute_at(out, oo)
-            .bound_extent(o, panel)
-            .bound_extent(g, 2)
-            .reorder(g, o, in_group)
-            .vectorize(o, vw)
-            .unroll(g)
-            .reorder_storage(o, g, in_group);
+    if (widened) {
+        // The panel widened once per call (from the reduced weight, a half or a quarter of
+        // fp32's bytes) and the rows once, so that the register tiles load ready operands: one
+        // load or broadcast per vector of products (widened in the tile, the widening took as
+        // many vector operations as the multiply-adds). bf16: outputs innermost, one vector
+        // per feature, fp32's loop. int8: (pair, out, pair_in_quad, in_quad), as stored, a
+        // vector of vw outputs' pairs per load for pmaddwd.
+        std::vector<Var> w = weight_widened.args();
+        weight_widened.compute_at(out, oo).bound_extent(o, panel).bound_extent(w[0], 2);
+        if (precision == attn_gen::Precision::bf16) {
+            weight_widened.reorder(w[0], o, w[2]).vectorize(o, vw).unroll(w[0]).reorder_storage(o, w[0], w[2]);
+        } else {
+            // A vector of pairs of outputs at a time, as stored (the quads' bytes shuffled).
+            Var pair_out{"pair_out"};
+            weight_widened.bound_extent(w[2], 2).reorder(w[0], o, w[2], w[3]).fuse(w[0], o, pair_out)
+                .vectorize(pair_out, 2 * vw).unroll(w[2]);
+        }
         Var so_in{"so_in"}, si_in{"si_in"};
-        input_f32.compute_root()
+        input_widened.compute_root()
             .split(s, so_in, si_in, 16, kGuard)
             .parallel(so_in)
             .parallel(b)
@@ -186,7 +209,7 @@ void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, c
                          Expr reads = Expr()) {
     const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
     schedule_panel_gemm(l.out, l.weight_transposed, l.product, rvars(l.k), rows, at, t, target, l.precision,
-                        l.weight_layout, reads, l.weight_f32, l.input_f32);
+                        l.weight_layout, reads, l.weight_widened, l.input_widened);
 }
 
 // bf16 activations (attn_gen::rounded_to_bf16), rounded once, before the GEMMs that read
@@ -326,8 +349,8 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
         schedule_rounded(n.context_rounded, target);
         if (n.context_quantized.values.defined()) schedule_quantized(n.context_quantized, target);
         schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, rvars(n.rounded.k), s, LoopLevel::root(),
-                            t, target, n.rounded.precision, n.weight_layout, Expr(), n.rounded.weight_f32,
-                            n.rounded.input_f32);
+                            t, target, n.rounded.precision, n.weight_layout, Expr(), n.rounded.weight_widened,
+                            n.rounded.input_widened);
     } else {
         schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, rvars(n.in_feature), s, LoopLevel::root(), t,
                             target, attn_gen::Precision::fp32, n.weight_layout);

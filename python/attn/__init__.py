@@ -374,12 +374,14 @@ class AttentionLayer:
     P·V) in bf16 (attn::Precision::bf16): the weight matrices rounded to bf16 once, here (so
     later changes to them are not seen), the inputs of each product rounded as they enter, f32
     sums. It runs on a CPU with avx512bf16, or,
-    with allow_storage_only=True, as bf16 storage with f32 arithmetic elsewhere; without
+    with allow_storage_only=True, as bf16 storage with f32 arithmetic elsewhere (about
+    fp32's speed); without
     probabilities. precision="int8" computes the projections in int8 (attn::Precision::int8):
     the weight matrices quantized once, here, per output feature, the inputs of each projection
     quantized to u8 per token as they enter, i32 sums dequantized in f32; the core's products
     in bf16 as above; on a CPU with avx512vnni, or,
-    with allow_storage_only=True, without vpdpbusd elsewhere (the same results, slower).
+    with allow_storage_only=True, without vpdpbusd elsewhere (the same results, at about
+    fp32's speed on AVX2).
 
     torch.bfloat16 tensors (a model in bf16) are taken too, in every precision: the weights
     widened once, here, to float32 copies (so later changes to them are not seen; with

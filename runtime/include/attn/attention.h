@@ -88,7 +88,8 @@ TensorView<T> device_view(uint64_t device_pointer, std::size_t size, Shape shape
 //         half the memory), the activations rounded to bf16 as they enter each projection,
 //         products summed in f32: with AVX512_BF16's vdpbf16ps (variants of an ISA with
 //         avx512bf16), or, where the CPU lacks it and Config::allow_storage_only says so,
-//         widened to f32 (bf16 storage, f32 arithmetic: the same rounding, within the accuracy rule, not the speed).
+//         widened to f32 (bf16 storage, f32 arithmetic: the same rounding, within the accuracy
+//         rule, at about the fp32 layer's speed on AVX2).
 //         Attention::forward and forward_packed, without the probabilities, and the stages
 //         (attn::stages, which round their f32 weights on every call); attn::bf16_variants()
 //         lists the variants that have it.
@@ -98,7 +99,8 @@ TensorView<T> device_view(uint64_t device_pointer, std::size_t size, Shape shape
 //         (attn::quantize_row_u8); products summed in i32 and dequantized in f32: with
 //         AVX512_VNNI's vpdpbusd (variants of an ISA with avx512vnni), or, where the CPU
 //         lacks it and Config::allow_storage_only says so, with the same integer products
-//         summed in pairs (pmaddwd: the same arithmetic, not the speed; results within the accuracy rule,
+//         summed in pairs (pmaddwd: the same arithmetic, at about the fp32 layer's speed on
+//         AVX2, not VNNI's; results within the accuracy rule,
 //         not bit for bit, as the core's f32 sums run in another order). Attention::forward
 //         and forward_packed, without the probabilities; attn::precision_variants() lists
 //         the variants that have it.
