@@ -54,33 +54,42 @@ void write_record(const CUpti_Activity *record) {
         const auto *k = reinterpret_cast<const CUpti_ActivityKernel10 *>(record);
         std::snprintf(line, sizeof line,
                       "\"start\": %llu, \"end\": %llu, \"grid\": [%d, %d, %d], \"block\": [%d, %d, %d], "
-                      "\"registers\": %u, \"static_shared\": %d, \"dynamic_shared\": %d, \"stream\": %u",
+                      "\"registers\": %u, \"static_shared\": %d, \"dynamic_shared\": %d, \"stream\": %u, "
+                      "\"correlation\": %u",
                       (unsigned long long)k->start, (unsigned long long)k->end, k->gridX, k->gridY, k->gridZ,
                       k->blockX, k->blockY, k->blockZ, unsigned(k->registersPerThread), k->staticSharedMemory,
-                      k->dynamicSharedMemory, k->streamId);
+                      k->dynamicSharedMemory, k->streamId, k->correlationId);
         std::fprintf(out, "{\"kind\": \"kernel\", \"name\": %s, %s}\n", quoted(k->name).c_str(), line);
         break;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto *m = reinterpret_cast<const CUpti_ActivityMemcpy6 *>(record);
-        std::fprintf(out, "{\"kind\": \"memcpy\", \"copy_kind\": %u, \"bytes\": %llu, \"start\": %llu, \"end\": %llu}\n",
-                     unsigned(m->copyKind), (unsigned long long)m->bytes, (unsigned long long)m->start,
-                     (unsigned long long)m->end);
+        // src/dst kinds (CUpti_ActivityMemoryKind: 1 pageable, 2 pinned, 3 device) and whether
+        // it was asynchronous: a copy from pageable memory makes the host wait.
+        std::fprintf(out,
+                     "{\"kind\": \"memcpy\", \"copy_kind\": %u, \"src_kind\": %u, \"dst_kind\": %u, \"async\": %s, "
+                     "\"bytes\": %llu, \"start\": %llu, \"end\": %llu, \"stream\": %u, \"correlation\": %u}\n",
+                     unsigned(m->copyKind), unsigned(m->srcKind), unsigned(m->dstKind),
+                     (m->flags & CUPTI_ACTIVITY_FLAG_MEMCPY_ASYNC) ? "true" : "false", (unsigned long long)m->bytes,
+                     (unsigned long long)m->start, (unsigned long long)m->end, m->streamId, m->correlationId);
         break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto *m = reinterpret_cast<const CUpti_ActivityMemset4 *>(record);
-        std::fprintf(out, "{\"kind\": \"memset\", \"bytes\": %llu, \"start\": %llu, \"end\": %llu}\n",
-                     (unsigned long long)m->bytes, (unsigned long long)m->start, (unsigned long long)m->end);
+        std::fprintf(out, "{\"kind\": \"memset\", \"bytes\": %llu, \"start\": %llu, \"end\": %llu, \"correlation\": %u}\n",
+                     (unsigned long long)m->bytes, (unsigned long long)m->start, (unsigned long long)m->end,
+                     m->correlationId);
         break;
     }
     case CUPTI_ACTIVITY_KIND_DRIVER: {
         const auto *a = reinterpret_cast<const CUpti_ActivityAPI *>(record);
         const char *name = nullptr;
         if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, a->cbid, &name) != CUPTI_SUCCESS) name = nullptr;
-        std::fprintf(out, "{\"kind\": \"driver\", \"name\": %s, \"start\": %llu, \"end\": %llu, \"thread\": %u}\n",
+        std::fprintf(out,
+                     "{\"kind\": \"driver\", \"name\": %s, \"start\": %llu, \"end\": %llu, \"thread\": %u, "
+                     "\"correlation\": %u}\n",
                      quoted(name ? name : ("cbid " + std::to_string(a->cbid)).c_str()).c_str(),
-                     (unsigned long long)a->start, (unsigned long long)a->end, a->threadId);
+                     (unsigned long long)a->start, (unsigned long long)a->end, a->threadId, a->correlationId);
         break;
     }
     default:
@@ -104,7 +113,9 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t *buffer, size_t, siz
     while ((status = cuptiActivityGetNextRecord(buffer, valid, &record)) == CUPTI_SUCCESS) {
         if (out) write_record(record);
     }
-    if (status != CUPTI_ERROR_MAX_LIMIT_REACHED) fail("cuptiActivityGetNextRecord", status);
+    // The end of the buffer (INVALID_KIND: past its valid records, as NVIDIA's samples take it).
+    if (status != CUPTI_ERROR_MAX_LIMIT_REACHED && status != CUPTI_ERROR_INVALID_KIND)
+        fail("cuptiActivityGetNextRecord", status);
     size_t dropped = 0;
     if (cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped) == CUPTI_SUCCESS && dropped && out) {
         std::fprintf(out, "{\"kind\": \"dropped\", \"records\": %zu}\n", dropped);
@@ -143,17 +154,22 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
             std::fprintf(stderr, "kernel_trace: cannot write %s: %s\n", path, std::strerror(errno));
             return;
         }
-        CUptiResult r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
-        if (r != CUPTI_SUCCESS) return fail("cuptiActivityRegisterCallbacks", r);
+        // The subscriber first (CUPTI's advice); its callback, a flush when a context goes,
+        // is optional: without it, the flush at exit still delivers the records.
+        CUpti_SubscriberHandle subscriber;
+        CUptiResult r = cuptiSubscribe(&subscriber, on_resource, nullptr);
+        if (r == CUPTI_SUCCESS) {
+            r = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE,
+                                    CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
+        }
+        if (r != CUPTI_SUCCESS) fail("the context callback (records are still flushed at exit)", r);
+        if ((r = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed)) != CUPTI_SUCCESS)
+            return fail("cuptiActivityRegisterCallbacks", r);
+        std::atexit(at_exit);  // before any kind is enabled, so that whatever is recorded is flushed
         for (CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                         CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_DRIVER}) {
             if ((r = cuptiActivityEnable(kind)) != CUPTI_SUCCESS) return fail("cuptiActivityEnable", r);
         }
-        CUpti_SubscriberHandle subscriber;
-        if ((r = cuptiSubscribe(&subscriber, on_resource, nullptr)) != CUPTI_SUCCESS) return fail("cuptiSubscribe", r);
-        r = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
-        if (r != CUPTI_SUCCESS) return fail("cuptiEnableCallback", r);
-        std::atexit(at_exit);
         ok = 1;
     });
     return ok;

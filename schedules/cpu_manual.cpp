@@ -35,19 +35,19 @@ std::vector<RVar> rvars(const RDom &r) {
 }
 
 // Whether the target multiplies bf16 pairs natively (AVX512_BF16's vdpbf16ps; Halide's
-// avx512_zen4 and avx512_sapphirerapids targets have it). Elsewhere a bf16 GEMM widens its
-// operands to f32 in registers: bf16 storage, f32 arithmetic.
+// avx512_zen4, avx512_zen5, avx512_sapphirerapids and avx10_1 targets have it: Halide 21's
+// has_feature adds no implied feature, so each is named). Elsewhere a bf16 GEMM multiplies
+// operands widened to f32 once, before its tiles (attn_gen::Linear::weight_widened,
+// input_widened): bf16 storage, f32 arithmetic.
 bool native_bf16(const Target &target) {
-    return target.has_feature(Target::AVX512_Zen4) || target.has_feature(Target::AVX512_SapphireRapids);
+    return target.has_feature(Target::AVX512_Zen4) || target.has_feature(Target::AVX512_Zen5) ||
+           target.has_feature(Target::AVX512_SapphireRapids) || target.has_feature(Target::AVX10_1);
 }
 
-// Whether the target sums u8·i8 quads natively (VNNI's vpdpbusd: avxvnni, and Halide's
-// avx512_zen4 and avx512_sapphirerapids targets). Elsewhere an int8 GEMM multiplies pairs
-// of operands widened to i16 (pmaddwd), as exact.
-bool native_int8(const Target &target) {
-    return target.has_feature(Target::AVXVNNI) || target.has_feature(Target::AVX512_Zen4) ||
-           target.has_feature(Target::AVX512_SapphireRapids);
-}
+// Whether the target sums u8·i8 quads natively (VNNI's vpdpbusd: avxvnni, and the targets
+// above). Elsewhere an int8 GEMM multiplies pairs of operands widened to i16 once, before its
+// tiles (pmaddwd), as exact.
+bool native_int8(const Target &target) { return target.has_feature(Target::AVXVNNI) || native_bf16(target); }
 
 // Computes the reduction `tile` (a pure init and one update over `reduction`) as a
 // register tile of `columns` × t.tile_rows at `at`: `column` vectorized and unrolled,
@@ -117,10 +117,11 @@ void vectorized_row_reduction(Func reduction, RVar along, LoopLevel at, const Ta
 // tile's loads are contiguous) and reuses it for every row block of every batch.
 // `rows` is the loop over rows: the pure seq, or the update's RVar when only some rows
 // are computed (attn_gen::Linear::row).
-// A bf16 GEMM's panel (attn_gen::Linear::weight_transposed, (pair, out, in_pair)) is stored
-// as the tile reads it: with native bf16, pair innermost, so that one load is vw outputs'
-// pairs; otherwise outputs innermost, one vector per feature. An int8 panel, (quad, out,
-// in_quad), has its quad innermost: one load is vw outputs' quads.
+// A reduced-precision panel is stored as the tile reads it. With the native instructions it
+// is attn_gen::Linear::weight_transposed, its group innermost: bf16 (pair, out, in_pair),
+// one load vw outputs' pairs; int8 (quad, out, in_quad), one load vw outputs' quads. Without
+// them it is Linear::weight_widened: bf16 in f32, outputs innermost, one vector per feature;
+// int8 in i16, (pair, out, pair_in_quad, in_quad), one load vw outputs' pairs.
 // A weight prepared in its groups (attn_gen::WeightLayout::grouped) is already stored as a
 // native panel is, and an fp32 one prepared transposed (WeightLayout::transposed) has each
 // input feature's outputs contiguous: the tiles read either in place, with no panel.

@@ -88,7 +88,7 @@ profile_filter='^attention_layer/manual_avx512_(skylake|zen4)(_bf16|_int8)?/b1_s
 # first) once the CPU ones do.
 campaign=(
   "9|machine;test cuda;tune attention_layer;tune attention_scores masked_softmax weighted_sum qkv_projection output_layernorm;test avx512|the GPU, driver and host CPU; every CUDA variant against the reference; every function's candidates checked and timed, the fused layer's beside PyTorch eager, SDPA and the cuBLAS roofline (tune/); every AVX-512 variant on the host CPU"
-  "5|trace;bench layer;bench core;bench stages;bench cpu;python|(after freeze and pack here) each CUDA call's time kernel by kernel and the host's around it (trace/); the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors"
+  "5|bench layer;bench core;bench stages;bench cpu;python;trace|(after freeze and pack here) the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors; each CUDA call's time kernel by kernel and the host's around it (trace/: last, since its tracer has not run on a GPU yet)"
   "9|profile;tune --isa avx512_skylake attention_layer;tune --isa avx512_skylake attention_scores masked_softmax weighted_sum qkv_projection output_layernorm|(needs tools/gpu_machine.sh bundles avx512_skylake here; the next session's first call if this one has no minutes left) where the host CPU's time goes at 1 to all its threads (profile/); the host CPU's candidates checked and timed on all its threads, the fused layer's beside ONNX Runtime and PyTorch (tune-avx512_skylake/): freeze then makes autotuned_avx512_skylake"
 )
 # What a GPU comparison times: the hand-written and tuned CUDA variants and the peers (the
@@ -131,13 +131,20 @@ case "$step" in
 pack)
   source tools/setup.sh
   cmake --preset release -B build/gpu -DATTN_ONLY_VARIANTS="$variants" >/dev/null
-  cmake --build build/gpu --target attn_tests attn_bench attn_python_module attn_kernel_trace
+  cmake --build build/gpu --target attn_tests attn_bench attn_python_module
   rm -rf "$carry" && mkdir -p "$carry/lib" "$carry/python/attn"
   for program in tests/attn_tests bench/attn_bench; do
     strip -o "$carry/$(basename "$program")" "build/gpu/$program"
   done
-  # The CUPTI tracer (the trace step), beside the libcupti it was built with (ldd below).
-  strip -o "$carry/lib/libattn_kernel_trace.so" build/gpu/bench/libattn_kernel_trace.so
+  # The CUPTI tracer (the trace step), beside the libcupti it was built with (ldd below),
+  # where the CUDA toolkit here has CUPTI.
+  tracer=()
+  if cmake --build build/gpu --target attn_kernel_trace 2>/dev/null; then
+    strip -o "$carry/lib/libattn_kernel_trace.so" build/gpu/bench/libattn_kernel_trace.so
+    tracer=("$carry/lib/libattn_kernel_trace.so")
+  else
+    echo "pack: no CUPTI in this CUDA toolkit: the trace step will have no tracer" >&2
+  fi
   # The benchmark worker again with Halide's profiler in its CPU kernels (the profile step).
   cmake --preset release -B build/gpu-profile -DATTN_PROFILE=ON -DATTN_ONLY_VARIANTS="$profiled" \
     -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_PYTHON=OFF >/dev/null
@@ -149,7 +156,7 @@ pack)
   python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")' > "$carry/python/VERSION"
   # The shared libraries that an image with only the CUDA driver and PyTorch may lack:
   # every one the programs need outside glibc, the C++ runtime and the loader.
-  ldd "$carry/attn_tests" "$carry/attn_bench" "$carry/lib/libattn_kernel_trace.so" | awk '/=> \//{print $3}' | sort -u |
+  ldd "$carry/attn_tests" "$carry/attn_bench" "${tracer[@]}" | awk '/=> \//{print $3}' | sort -u |
     grep -vE '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
     while read -r library; do cp -L "$library" "$carry/lib/"; done
   tar -C build -cf - gpu-carry | xz -T0 -6 > build/gpu-carry.tar.xz
@@ -314,18 +321,23 @@ trace)
   # the tracer named by CUDA_INJECTION64_PATH when the process initializes CUDA.
   export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   filter="${1:-$traced}"
+  tracer="$PWD/$carry/lib/libattn_kernel_trace.so"
+  [[ -f "$tracer" ]] || { echo "trace: no $tracer (tools/gpu_machine.sh pack, with CUPTI, then carry it)" >&2; exit 1; }
   rm -rf "$out/trace" && mkdir -p "$out/trace"
   traces="$(realpath "$out/trace")"
   mapfile -t cases < <("$carry/attn_bench" --benchmark_list_tests --benchmark_filter="$filter")
   ((${#cases[@]})) || { echo "trace: no case matches $filter" >&2; exit 1; }
   for case in "${cases[@]}"; do
     file="$traces/${case//\//__}"
-    CUDA_INJECTION64_PATH="$PWD/$carry/lib/libattn_kernel_trace.so" ATTN_KERNEL_TRACE="$file.jsonl" \
+    # (A case that hangs loses only itself: 60 s each, a few seconds when all is well.)
+    CUDA_INJECTION64_PATH="$tracer" ATTN_KERNEL_TRACE="$file.jsonl" timeout -k 5 60 \
       "$carry/attn_bench" --benchmark_filter="^$case\$" --benchmark_min_time=0.2 \
       --benchmark_out="$file.bench.json" --benchmark_out_format=json > "$file.log" 2>&1 ||
       { echo "trace: $case failed:"; tail -5 "$file.log"; }
   done
-  python3 tools/gpu_trace.py "$out/trace"
+  python3 tools/gpu_trace.py "$out/trace" && status=0 || status=$?
+  xz -T0 -f "$out"/trace/*.jsonl 2>/dev/null || true  # the raw records, a few MB each, kept compressed
+  exit "$status"
   ;;
 bench)
   export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

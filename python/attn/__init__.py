@@ -374,8 +374,8 @@ class AttentionLayer:
     P·V) in bf16 (attn::Precision::bf16): the weight matrices rounded to bf16 once, here (so
     later changes to them are not seen), the inputs of each product rounded as they enter, f32
     sums. It runs on a CPU with avx512bf16, or,
-    with allow_storage_only=True, as bf16 storage with f32 arithmetic elsewhere (about
-    fp32's speed); without
+    with allow_storage_only=True, as bf16 storage with f32 arithmetic elsewhere (about the
+    AVX2 fp32 layer's speed); without
     probabilities. precision="int8" computes the projections in int8 (attn::Precision::int8):
     the weight matrices quantized once, here, per output feature, the inputs of each projection
     quantized to u8 per token as they enter, i32 sums dequantized in f32; the core's products
