@@ -71,20 +71,20 @@ void register_tile(Func tile, const Var &column, const Var &row, const std::vect
     Stage update = tile.update();
     update.split(column, vec, lane, vw);
     const bool bf16 = precision == attn_gen::Precision::bf16, int8 = precision == attn_gen::Precision::int8;
-    if ((bf16 && native_bf16(target)) || (int8 && native_int8(target))) {
-        const RVar &group = reduction[0];
-        RVar group_lane{"group_lane"};
+    const bool native = (bf16 && native_bf16(target)) || (int8 && native_int8(target));
+    if (native || int8) {
+        // The group summed into each lane: the pair or quad itself, or without VNNI each
+        // quad's pairs, one after the other.
+        RVar group = reduction[0], group_lane{"group_lane"};
         std::vector<VarOrRVar> order{group, lane, vec, row};
+        if (!native) {
+            RVar pair_in_quad{"pair_in_quad"}, pair{"pair"};
+            update.split(group, pair_in_quad, pair, 2);
+            group = pair;
+            order = {pair, lane, vec, row, pair_in_quad};
+        }
         order.insert(order.end(), reduction.begin() + 1, reduction.end());
         update.reorder(order).fuse(group, lane, group_lane).atomic().vectorize(group_lane).unroll(vec).unroll(row);
-        return;
-    }
-    if (int8) {
-        RVar pair_in_quad{"pair_in_quad"}, pair{"pair"}, pair_lane{"pair_lane"};
-        update.split(reduction[0], pair_in_quad, pair, 2);
-        std::vector<VarOrRVar> order{pair, lane, vec, row, pair_in_quad};
-        order.insert(order.end(), reduction.begin() + 1, reduction.end());
-        update.reorder(order).fuse(pair, lane, pair_lane).atomic().vectorize(pair_lane).unroll(vec).unroll(row);
         return;
     }
     std::vector<VarOrRVar> order{lane, vec, row};
@@ -109,6 +109,18 @@ void vectorized_row_reduction(Func reduction, RVar along, LoopLevel at, const Ta
     for (const Var &v : reduction.args()) storage.push_back(v);
     partial.compute_at(at).store_in(MemoryType::Stack).reorder_storage(storage).vectorize(partial_lane);
     partial.update().vectorize(partial_lane);  // the loops over the row run inside, on whole vectors
+}
+
+// Rows (hidden, seq, batch) a GEMM's register tiles read, computed once at root before it:
+// bf16 activations (attn_gen::rounded_to_bf16), or a projection's input widened
+// (attn_gen::Linear::input_widened).
+void schedule_rows(Func rows, const Target &target) {
+    Var so{"so"}, si{"si"};
+    rows.compute_root()
+        .split(dims.seq, so, si, 16, kGuard)
+        .parallel(so)
+        .parallel(dims.batch)
+        .vectorize(dims.hidden, vector_width(target), kGuard);
 }
 
 // A projection's output (o, s, b), e.g. product + bias, computed at `at` with the GEMM
@@ -185,12 +197,7 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
             weight_widened.bound_extent(w[2], 2).reorder(w[0], o, w[2], w[3]).fuse(w[0], o, pair_out)
                 .vectorize(pair_out, 2 * vw).unroll(w[2]);
         }
-        Var so_in{"so_in"}, si_in{"si_in"};
-        input_widened.compute_root()
-            .split(s, so_in, si_in, 16, kGuard)
-            .parallel(so_in)
-            .parallel(b)
-            .vectorize(o, vw, kGuard);
+        schedule_rows(input_widened, target);
         register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
         return;
     }
@@ -213,22 +220,11 @@ void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, c
                         l.weight_layout, reads, l.weight_widened, l.input_widened);
 }
 
-// bf16 activations (attn_gen::rounded_to_bf16), rounded once, before the GEMMs that read
-// them in their register tiles.
-void schedule_rounded(Func rounded, const Target &target) {
-    Var so{"so"}, si{"si"};
-    rounded.compute_root()
-        .split(dims.seq, so, si, 16, kGuard)
-        .parallel(so)
-        .parallel(dims.batch)
-        .vectorize(dims.hidden, vector_width(target), kGuard);
-}
-
 // The bf16 activations Q and then K and V read, each rounded once (one Func for both in
 // self-attention's stage; the fused layer's kv_rounded is computed only when kv is not x).
 void schedule_rounded_inputs(Func x, Func kv, const Target &target) {
-    schedule_rounded(x, target);
-    if (kv.name() != x.name()) schedule_rounded(kv, target);
+    schedule_rows(x, target);
+    if (kv.name() != x.name()) schedule_rows(kv, target);
 }
 
 // int8 activations (attn_gen::QuantizedRows), quantized once before the GEMMs that read
@@ -347,7 +343,7 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var so{"so"}, si{"si"};
     if (n.context_rounded.defined()) {
-        schedule_rounded(n.context_rounded, target);
+        schedule_rows(n.context_rounded, target);
         if (n.context_quantized.values.defined()) schedule_quantized(n.context_quantized, target);
         schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, rvars(n.rounded.k), s, LoopLevel::root(),
                             t, target, n.rounded.precision, n.weight_layout, Expr(), n.rounded.weight_widened,
