@@ -86,17 +86,38 @@ int64_t element_count_of(const ConstTensor &t) {
     return n;
 }
 
+namespace {
+// acc[o] += x · weight row o, for each of `outputs` rows of `inputs` floats; each sum adds its
+// products in order of k, so a result is the plain loop's. Eight outputs are summed side by
+// side: their sums do not wait on each other's additions (the tests' time is mostly here).
+template <typename T>
+void add_products(const T *x, const float *weight, int64_t outputs, int64_t inputs, T *acc) {
+    constexpr int64_t side_by_side = 8;
+    for (int64_t o0 = 0; o0 < outputs; o0 += side_by_side) {
+        const int64_t n = std::min(side_by_side, outputs - o0);
+        T sum[side_by_side];
+        const float *w[side_by_side];
+        for (int64_t i = 0; i < n; ++i) sum[i] = acc[o0 + i], w[i] = weight + (o0 + i) * inputs;
+        if (n == side_by_side) {
+            for (int64_t k = 0; k < inputs; ++k)
+                for (int64_t i = 0; i < side_by_side; ++i) sum[i] += x[k] * T(w[i][k]);
+        } else {
+            for (int64_t i = 0; i < n; ++i)
+                for (int64_t k = 0; k < inputs; ++k) sum[i] += x[k] * T(w[i][k]);
+        }
+        for (int64_t i = 0; i < n; ++i) acc[o0 + i] = sum[i];
+    }
+}
+}  // namespace
+
 template <typename T>
 std::vector<T> linear(const std::vector<T> &in, int64_t rows, const ConstTensor &weight, const ConstTensor &bias) {
     const int64_t out_features = weight.shape[0], in_features = weight.shape[1];
     std::vector<T> out(std::size_t(rows * out_features));
     for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t o = 0; o < out_features; ++o) {
-            T acc = T(bias.data[o]);
-            for (int64_t k = 0; k < in_features; ++k)
-                acc += in[r * in_features + k] * T(weight.data[o * in_features + k]);
-            out[r * out_features + o] = acc;
-        }
+        T *y = out.data() + r * out_features;
+        for (int64_t o = 0; o < out_features; ++o) y[o] = T(bias.data[o]);
+        add_products(in.data() + r * in_features, weight.data, out_features, in_features, y);
     }
     return out;
 }
@@ -187,15 +208,18 @@ template <typename T>
 std::vector<T> weighted_sum(const Config &config, Sizes sz, const std::vector<T> &probs, const std::vector<T> &v) {
     const int64_t H = config.hidden_size, heads = config.num_heads, d = config.head_dim();
     std::vector<T> ctx(std::size_t(sz.batch * sz.s_q * H), T(0));
+    // Each context element sums its products in order of j; all d of a row at once, so that V
+    // is read along its rows.
     for (int64_t b = 0; b < sz.batch; ++b)
         for (int64_t h = 0; h < heads; ++h)
-            for (int64_t i = 0; i < sz.s_q; ++i)
-                for (int64_t e = 0; e < d; ++e) {
-                    T acc = 0;
-                    for (int64_t j = 0; j < sz.s_k; ++j)
-                        acc += probs[((b * heads + h) * sz.s_q + i) * sz.s_k + j] * v[(b * sz.s_k + j) * H + h * d + e];
-                    ctx[(b * sz.s_q + i) * H + h * d + e] = acc;
+            for (int64_t i = 0; i < sz.s_q; ++i) {
+                T *acc = &ctx[std::size_t((b * sz.s_q + i) * H + h * d)];
+                const T *p = &probs[std::size_t(((b * heads + h) * sz.s_q + i) * sz.s_k)];
+                for (int64_t j = 0; j < sz.s_k; ++j) {
+                    const T *vj = &v[std::size_t((b * sz.s_k + j) * H + h * d)];
+                    for (int64_t e = 0; e < d; ++e) acc[e] += p[j] * vj[e];
                 }
+            }
     return ctx;
 }
 
@@ -382,7 +406,8 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
     const std::vector<double> q = core_operand(config, exact.q), k = core_operand(config, exact.k),
                               v = core_operand(config, exact.v);
     std::vector<double> a(std::size_t(sz.s_k)), change(std::size_t(sz.s_k)), dot_error(std::size_t(sz.s_k));
-    std::vector<float> weight32(std::size_t(sz.s_k));
+    std::vector<float> weight32(static_cast<std::size_t>(sz.s_k)), context32(static_cast<std::size_t>(d));
+    std::vector<double> moved(static_cast<std::size_t>(d));
     for (int64_t b = 0; b < sz.batch; ++b)
         for (int64_t h = 0; h < heads; ++h)
             for (int64_t i = 0; i < sz.s_q; ++i) {
@@ -420,18 +445,21 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
                     weight32[j] = round_to_bf16(float(w));
                     weight_sum32 += weight32[j];
                 }
-                for (int64_t e = 0; e < d; ++e) {
-                    const double c = exact.ctx[qi + e];
-                    double moved = 0;
-                    float context32 = 0;
-                    for (int64_t j = 0; j < sz.s_k; ++j) {
-                        const int64_t vj = (b * sz.s_k + j) * H + h * d + e;
-                        moved += change[j] * std::abs(exact.v[vj] - c) + P[j] * fv[vj];
-                        if (P[j] > 0) context32 += weight32[j] * float(v[vj]);
+                // Each element's sums in order of j, all d of the row at once (V read along its rows).
+                std::fill(moved.begin(), moved.end(), 0.0);
+                std::fill(context32.begin(), context32.end(), 0.0f);
+                for (int64_t j = 0; j < sz.s_k; ++j) {
+                    const int64_t vj = (b * sz.s_k + j) * H + h * d;
+                    for (int64_t e = 0; e < d; ++e) {
+                        moved[e] += change[j] * std::abs(exact.v[vj + e] - exact.ctx[qi + e]) + P[j] * fv[vj + e];
+                        if (P[j] > 0) context32[e] += weight32[j] * float(v[vj + e]);
                     }
+                }
+                for (int64_t e = 0; e < d; ++e) {
                     // And twice the plain f32 error of the core's sums on the same rounded operands
                     // (the f32 reference's own error would count its own roundings' flips).
-                    eta[qi + e] = moved + (weight_sum32 > 0 ? 2 * std::abs(double(context32 / weight_sum32) - c) : 0.0);
+                    const double c = exact.ctx[qi + e];
+                    eta[qi + e] = moved[e] + (weight_sum32 > 0 ? 2 * std::abs(double(context32[e] / weight_sum32) - c) : 0.0);
                 }
             }
     return eta;
@@ -509,11 +537,9 @@ std::vector<double> context_allowance(const Config &config, const LayerWeights &
                 if (!near_midpoint(t, eta_of(e) * inverse_step + std::abs(t) * relative) && !(zero_moves && end)) continue;
                 for (int64_t o = 0; o < H; ++o) shift[o] += double(q.step) * std::abs(double(w.w_o.data[o * H + e]));
             }
-            for (int64_t o = 0; o < H; ++o) {
-                double projection = 0;
-                for (int64_t e = 0; e < H; ++e) projection += ctx_in[r * H + e] * double(w.w_o.data[o * H + e]);
-                shift[o] += relative * std::abs(projection);
-            }
+            std::fill(z.begin(), z.end(), 0.0);  // the projection
+            add_products(&ctx_in[std::size_t(r * H)], w.w_o.data, H, H, z.data());
+            for (int64_t o = 0; o < H; ++o) shift[o] += relative * std::abs(z[o]);
         } else {
             for (int64_t e = 0; e < H; ++e) {
                 // (a zero context, a fully masked row's, is exact)
@@ -527,11 +553,9 @@ std::vector<double> context_allowance(const Config &config, const LayerWeights &
         if (largest == 0) continue;
         // σ of the row's LayerNorm input z = x + ctx as projected (rounded or quantized)·W_oᵀ + b_o.
         double mean = 0, var = 0;
-        for (int64_t o = 0; o < H; ++o) {
-            double acc = double(inputs.x.data[r * H + o]) + double(w.b_o.data[o]);
-            for (int64_t e = 0; e < H; ++e) acc += ctx_in[r * H + e] * double(w.w_o.data[o * H + e]);
-            mean += (z[o] = acc);
-        }
+        for (int64_t o = 0; o < H; ++o) z[o] = double(inputs.x.data[r * H + o]) + double(w.b_o.data[o]);
+        add_products(&ctx_in[std::size_t(r * H)], w.w_o.data, H, H, z.data());
+        for (int64_t o = 0; o < H; ++o) mean += z[o];
         mean /= double(H);
         for (int64_t o = 0; o < H; ++o) var += (z[o] - mean) * (z[o] - mean);
         const double sigma = std::sqrt(var / double(H) + double(config.layer_norm_eps));
