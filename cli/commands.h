@@ -34,6 +34,7 @@ int draw_heatmaps(const HeatmapOptions &options);
 
 struct GenerateOptions {
     std::string target, schedule, out, generator, name_suffix;
+    std::string functions;  // a regular expression; empty: every function
     int jobs = 0;          // generators run at once; 0: one per core
     bool dry_run = false;  // say what would be generated, and run nothing
 };

@@ -22,6 +22,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <regex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -160,12 +161,19 @@ int generate_libraries(const GenerateOptions &options) {
     std::vector<const manifest::GeneratorParams *> functions;
     bool known_source = false;
     if (options.target.empty()) throw Error("--target", "empty; give a Halide target such as arm-64-linux");
+    std::regex function_filter;
+    try {
+        function_filter = std::regex(options.functions.empty() ? ".*" : options.functions);
+    } catch (const std::regex_error &e) {
+        throw Error("--functions", "'" + options.functions + "' is not a regular expression: " + e.what());
+    }
     // What the source cannot schedule on the target's ISA (manifest.json: not_provided) is
     // left out, as the build leaves it out of that ISA's variant.
     const std::string isa = isa_of_target(options.target);
     for (const manifest::GeneratorParams &g : manifest::kGeneratorParams) {
         if (options.schedule != g.source) continue;
         known_source = true;
+        if (!std::regex_search(g.function, function_filter)) continue;
         if (provided(g.source, isa, g.function)) {
             functions.push_back(&g);
         } else {
@@ -175,6 +183,13 @@ int generate_libraries(const GenerateOptions &options) {
     }
     if (!known_source) {
         throw Error("--schedule", "unknown schedule source '" + options.schedule + "'; manifest.json has " + known);
+    }
+    if (functions.empty() && options.functions.empty()) {
+        throw Error("--schedule", "schedule " + options.schedule + " provides no function on " + isa);
+    }
+    if (functions.empty()) {
+        throw Error("--functions", "'" + options.functions + "' matches none of the functions schedule " +
+                                       options.schedule + " provides on " + isa);
     }
     const std::string generator = find_generator(options.generator);
     const std::string suffix = options.name_suffix.empty() ? c_identifier(options.target) : options.name_suffix;

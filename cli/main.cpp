@@ -95,6 +95,9 @@ int main(int argc, char **argv) {
     generate_cmd->add_option("--out", generate.out, "output directory")->required();
     generate_cmd->add_option("--generator", generate.generator,
                              "path of attn_generators (default: found automatically)");
+    generate_cmd->add_option("--functions", generate.functions,
+                             "only the functions whose name matches this regular expression (--dry-run lists "
+                             "them; default: every one)");
     generate_cmd->add_option("--jobs", generate.jobs, "generators to run at once (default: one per core)")
         ->check(CLI::PositiveNumber);
     generate_cmd->add_option("--name-suffix", generate.name_suffix,

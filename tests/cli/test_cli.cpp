@@ -677,5 +677,28 @@ TEST_F(CliTest, GenerateLeavesOutWhatTheSourceCannotProvideOnTheTarget) {
     }
 }
 
+// --functions keeps the functions whose name it matches, and says what is wrong with a
+// pattern that is no regular expression or matches nothing.
+TEST_F(CliTest, GenerateOnlyTheFunctionsAsked) {
+    Result r = attn("generate --dry-run --target arm-64-linux --schedule manual --functions '^attention_(core|scores)$' "
+                    "--out " + path("dry"));
+    EXPECT_EQ(r.status, 0) << r.output;
+    std::istringstream lines(r.output);
+    std::vector<std::string> generated;
+    for (std::string line; std::getline(lines, line);)
+        if (line.rfind("would generate ", 0) == 0) generated.push_back(line.substr(15));
+    EXPECT_EQ(generated, (std::vector<std::string>{"attn_attention_scores_manual_arm_64_linux",
+                                                   "attn_attention_core_manual_arm_64_linux", "attn_halide_runtime"}))
+        << r.output;
+    r = attn("generate --dry-run --target arm-64-linux --schedule manual --functions '((' --out " + path("dry"));
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.output.find("--functions: '((' is not a regular expression"), std::string::npos) << r.output;
+    r = attn("generate --dry-run --target arm-64-linux --schedule manual --functions '^layer$' --out " + path("dry"));
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.output.find("--functions: '^layer$' matches none of the functions schedule manual provides on arm64"),
+              std::string::npos)
+        << r.output;
+}
+
 }  // namespace
 }  // namespace attn::cli
