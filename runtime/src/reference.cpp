@@ -213,10 +213,10 @@ std::vector<T> weighted_sum(const Config &config, Sizes sz, const std::vector<T>
     for (int64_t b = 0; b < sz.batch; ++b)
         for (int64_t h = 0; h < heads; ++h)
             for (int64_t i = 0; i < sz.s_q; ++i) {
-                T *acc = &ctx[std::size_t((b * sz.s_q + i) * H + h * d)];
-                const T *p = &probs[std::size_t(((b * heads + h) * sz.s_q + i) * sz.s_k)];
+                T *acc = ctx.data() + (b * sz.s_q + i) * H + h * d;
+                const T *p = probs.data() + ((b * heads + h) * sz.s_q + i) * sz.s_k;
                 for (int64_t j = 0; j < sz.s_k; ++j) {
-                    const T *vj = &v[std::size_t((b * sz.s_k + j) * H + h * d)];
+                    const T *vj = v.data() + (b * sz.s_k + j) * H + h * d;
                     for (int64_t e = 0; e < d; ++e) acc[e] += p[j] * vj[e];
                 }
             }
@@ -538,7 +538,7 @@ std::vector<double> context_allowance(const Config &config, const LayerWeights &
                 for (int64_t o = 0; o < H; ++o) shift[o] += double(q.step) * std::abs(double(w.w_o.data[o * H + e]));
             }
             std::fill(z.begin(), z.end(), 0.0);  // the projection
-            add_products(&ctx_in[std::size_t(r * H)], w.w_o.data, H, H, z.data());
+            add_products(ctx_in.data() + r * H, w.w_o.data, H, H, z.data());
             for (int64_t o = 0; o < H; ++o) shift[o] += relative * std::abs(z[o]);
         } else {
             for (int64_t e = 0; e < H; ++e) {
@@ -554,7 +554,7 @@ std::vector<double> context_allowance(const Config &config, const LayerWeights &
         // σ of the row's LayerNorm input z = x + ctx as projected (rounded or quantized)·W_oᵀ + b_o.
         double mean = 0, var = 0;
         for (int64_t o = 0; o < H; ++o) z[o] = double(inputs.x.data[r * H + o]) + double(w.b_o.data[o]);
-        add_products(&ctx_in[std::size_t(r * H)], w.w_o.data, H, H, z.data());
+        add_products(ctx_in.data() + r * H, w.w_o.data, H, H, z.data());
         for (int64_t o = 0; o < H; ++o) mean += z[o];
         mean /= double(H);
         for (int64_t o = 0; o < H; ++o) var += (z[o] - mean) * (z[o] - mean);

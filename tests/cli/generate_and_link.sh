@@ -5,10 +5,10 @@
 #  - the same for x86-64 with OpenCL: the hand-written GPU schedules, run on PoCL;
 #  - for CUDA, each generated library carries sm_80 PTX.
 # The GPU targets generate the functions that --functions names (the softmax and the core,
-# whose kernels are GPU kernels like the layers'): the build generates every GPU function
-# with the same generator and parameters, tests them on PoCL and assembles every CUDA kernel
-# (gpu_kernels.check), so here only `attn generate`'s handling of GPU targets is new, and
-# every GPU function would be most of this test's time.
+# whose kernels are GPU kernels like the layers'): the release build generates every GPU
+# function with the same generator and parameters, tests them on PoCL and assembles every
+# CUDA kernel (gpu_kernels.check), so here only `attn generate`'s handling of GPU targets
+# is new, and every GPU function would be most of this test's time.
 # (arm64 output is run, under qemu, by tools/test.sh's arm64-qemu run.)
 # Usage: generate_and_link.sh ATTN CXX HALIDE_INCLUDE_DIR WORK_DIR
 set -euo pipefail
@@ -63,6 +63,7 @@ link_and_check x86-64-linux-sse41-opencl opencl --functions "$gpu_functions"
 
 "$attn" generate --target x86-64-linux-sse41-cuda-cuda_capability_80 --schedule manual --out "$work/cuda" \
   --functions "$gpu_functions"
+shopt -s nullglob
 archives=("$work"/cuda/attn_*_manual_*.a)
 [[ ${#archives[@]} == 2 ]] || { echo "cuda: expected 2 libraries, found ${#archives[@]}"; exit 1; }
 for archive in "${archives[@]}"; do
