@@ -25,6 +25,7 @@ Records with no timestamps (CUPTI may deliver some) and unreadable lines are cou
 left out. Standard library only: the GPU machine has no NumPy of ours.
 """
 import argparse
+import bisect
 import collections
 import json
 import lzma
@@ -138,11 +139,13 @@ def summarize(case, records, dropped, unreadable, wall):
     driver = collections.defaultdict(lambda: [[0, 0.0] for _ in windows])
     copies = collections.defaultdict(lambda: [[0, 0, 0.0] for _ in windows])
 
+    in_order = all(a <= b for a, b in windows)  # (calls' first launches always are)
+
     def window_of(t):
-        for w, (a, b) in enumerate(windows):
-            if a <= t < b:
-                return w
-        return None
+        if in_order:  # consecutive windows: the one from the last start at or before t
+            w = bisect.bisect_right(starts, t) - 1
+            return w if 0 <= w < len(windows) else None
+        return next((w for w, (a, b) in enumerate(windows) if a <= t < b), None)
     for r in records:
         if r["kind"] == "driver":
             w = window_of(r["start"])
