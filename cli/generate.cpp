@@ -184,10 +184,9 @@ int generate_libraries(const GenerateOptions &options) {
     if (!known_source) {
         throw Error("--schedule", "unknown schedule source '" + options.schedule + "'; manifest.json has " + known);
     }
-    if (functions.empty() && options.functions.empty()) {
-        throw Error("--schedule", "schedule " + options.schedule + " provides no function on " + isa);
-    }
-    if (functions.empty()) {
+    if (functions.empty()) {  // named by --functions only when the caller gave it
+        if (options.functions.empty())
+            throw Error("--schedule", "schedule " + options.schedule + " provides no function on " + isa);
         throw Error("--functions", "'" + options.functions + "' matches none of the functions schedule " +
                                        options.schedule + " provides on " + isa);
     }

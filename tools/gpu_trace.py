@@ -139,7 +139,9 @@ def summarize(case, records, dropped, unreadable, wall):
     driver = collections.defaultdict(lambda: [[0, 0.0] for _ in windows])
     copies = collections.defaultdict(lambda: [[0, 0, 0.0] for _ in windows])
 
-    in_order = all(a <= b for a, b in windows)  # (calls' first launches always are)
+    # Calls' first launches come in order; a call whose launch went unrecorded has its kernel's
+    # GPU start instead, which could break the order: then each window is tried in turn.
+    in_order = all(a <= b for a, b in windows)
 
     def window_of(t):
         if in_order:  # consecutive windows: the one from the last start at or before t
