@@ -1,6 +1,7 @@
 #include "gpu_manual.h"
 
 #include <algorithm>
+#include <string>
 
 namespace attn_sched {
 
@@ -125,28 +126,21 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std:
 // Σ_k A(k, row, batch) · W_t(col, k) over `k` (innermost first), the way Halide's
 // apps/cuda_mat_mul multiplies on a GPU: no shared memory and no synchronization. Each
 // thread accumulates a kVector (columns, one float4) × t.thread_rows (rows) tile in
-// registers; per step of k it loads W_t's row as one float4 and thread_rows input values,
-// which the threads of a warp on the same rows share (broadcast loads from L1). W_t is the
+// registers; per step of k it loads 4 adjacent values of W_t's row (scalar loads: the tile
+// is unrolled, not vectorized) and thread_rows input values, which the threads of a warp on
+// the same rows share (broadcast loads from L1). W_t is the
 // weight with output features innermost: the fused layer's arrives so, prepared once by
 // the runtime (attn_gen::WeightLayout); a stage's, nn.Linear's with input features
 // innermost, is transposed per call. A block is t.col_threads threads along columns by
 // t.row_threads along rows.
 constexpr int kVector = 4;
 constexpr int kUnrollK = 8;
-void gpu_projection(Func out, Func product, Func weight_t, attn_gen::WeightLayout layout, const Var &col,
-                    VarOrRVar row, const Var &batch, const std::vector<RVar> &k, const GpuTiling &t) {
-    // A weight prepared transposed is read in place (inlined: no kernel). Else W_t(col, k) =
-    // W(k, col) per call, lanes along k: the reads coalesce, and the strided writes meet in
-    // L2 (a weight is 2.25 MiB at H = 768) before they reach memory.
-    if (layout == attn_gen::WeightLayout::linear) {
-        const std::vector<Var> a = weight_t.args();
-        Var ko{"ko"}, to{"to"}, ki{"ki"}, ti{"ti"};
-        weight_t.compute_root().gpu_tile(a[1], a[0], ko, to, ki, ti, kLanes, kRowThreads, kGuard);
-    }
+
+// `stage` (of a compute_root Func) tiled over (col, row, batch): a block of t.col_threads ×
+// t.row_threads threads, each kVector columns by t.thread_rows rows, unrolled.
+void tile_stage(Stage stage, const Var &col, VarOrRVar row, const Var &batch, const GpuTiling &t) {
     Var co{"co"}, ci{"ci"}, ct{"ct"}, cv{"cv"};
     VarOrRVar ro("ro", row.is_rvar), ri("ri", row.is_rvar), rt("rt", row.is_rvar), ru("ru", row.is_rvar);
-    out.compute_root();
-    Stage stage = out.has_update_definition() ? Stage(out.update()) : Stage(out);
     stage.split(col, co, ci, kVector * t.col_threads, kGuard)
         .split(row, ro, ri, t.thread_rows * t.row_threads, kGuard)
         .split(ci, ct, cv, kVector)
@@ -156,12 +150,18 @@ void gpu_projection(Func out, Func product, Func weight_t, attn_gen::WeightLayou
         .gpu_threads(ct, rt)
         .unroll(cv)  // not vectorized: a guarded vector store has no OpenCL C form in Halide 21
         .unroll(ru);
-    // The product's own row: `row`, or for an update's RVar the product's (its second argument).
-    const Var product_row = row.is_rvar ? product.args()[1] : row.var;
+}
+
+// `stage` tiled as tile_stage does, each thread's tile of `product` (reducing over k, innermost
+// first) accumulated in registers: k's first RVar unrolled by kUnrollK. `product_row` is
+// product's own row (its second argument where the stage's row is an RVar).
+void register_tile(Func owner, Func product, const Var &col, VarOrRVar row, const Var &batch,
+                   const Var &product_row, const std::vector<RVar> &k, const GpuTiling &t) {
+    tile_stage(owner.has_update_definition() ? Stage(owner.update()) : Stage(owner), col, row, batch, t);
     // Whole tiles at the edges too (the algorithm clamps the reads): the unrolled loops need
     // a constant extent, which bounds inference cannot always prove of a guarded tile
     // (packed sequences' K and V, read at data-dependent rows).
-    product.compute_at(out, ct)
+    product.compute_at(owner, Var("ct"))
         .store_in(MemoryType::Register)
         .bound_extent(product_row, t.thread_rows)
         .unroll(col)
@@ -174,6 +174,50 @@ void gpu_projection(Func out, Func product, Func weight_t, attn_gen::WeightLayou
     order.push_back(k_outer);
     order.insert(order.end(), k.begin() + 1, k.end());
     update.reorder(order).unroll(col).unroll(product_row).unroll(k_inner);
+}
+
+void gpu_projection(Func out, Func product, Func weight_t, attn_gen::WeightLayout layout, const Var &col,
+                    VarOrRVar row, const Var &batch, const std::vector<RVar> &k, const GpuTiling &t) {
+    // A weight prepared transposed is read in place (inlined: no kernel). Else W_t(col, k) =
+    // W(k, col) per call, lanes along k: the reads coalesce, and the strided writes meet in
+    // L2 (a weight is 2.25 MiB at H = 768) before they reach memory.
+    if (layout == attn_gen::WeightLayout::linear) {
+        const std::vector<Var> a = weight_t.args();
+        Var ko{"ko"}, to{"to"}, ki{"ki"}, ti{"ti"};
+        weight_t.compute_root().gpu_tile(a[1], a[0], ko, to, ki, ti, kLanes, kRowThreads, kGuard);
+    }
+    // The product's own row: `row`, or for an update's RVar the product's (its second argument).
+    const Var product_row = row.is_rvar ? product.args()[1] : row.var;
+    // With a split reduction, `product` adds split_k partial products, each a register tile
+    // reducing a strided part of k (the outermost RVar's values ≡ part mod split_k) in blocks of
+    // its own: `partial`, computed by a kernel tiled as `out` (its parts a block dimension,
+    // fused with the batch), then read back from memory as `product` reduces over the parts.
+    std::vector<RVar> tile_k = k;
+    if (t.split_k > 1) {
+        RVar k_part{"k_part"}, k_rest{"k_rest"};
+        Var part{"part"}, part_batch{"part_batch"};
+        Func partial_product =
+            product.update().split(k.back(), k_rest, k_part, t.split_k, kGuard).rfactor(k_part, part);
+        tile_k.back() = k_rest;
+        Func partial = partial_product.in();
+        const std::vector<Var> a = partial.args();  // (col, row, batch, part)
+        partial.compute_root().fuse(a[2], a[3], part_batch);
+        register_tile(partial, partial_product, a[0], a[1], part_batch, partial_product.args()[1], tile_k, t);
+        // One batch and part a thread (fused into one block index, which bounds them loosely).
+        partial_product.bound_extent(partial_product.args()[2], 1).bound_extent(part, 1);
+        // The parts added in registers, within out's tile.
+        product.compute_at(out, Var("ct"))
+            .store_in(MemoryType::Register)
+            .bound_extent(product_row, t.thread_rows)
+            .unroll(col)
+            .unroll(product_row);
+        product.update().reorder(col, product_row, k_part).unroll(col).unroll(product_row).unroll(k_part);
+        out.compute_root();
+        tile_stage(out.has_update_definition() ? Stage(out.update()) : Stage(out), col, row, batch, t);
+        return;
+    }
+    out.compute_root();
+    register_tile(out, product, col, row, batch, product_row, tile_k, t);
 }
 
 // A reduction over one row (`row` is its first argument), computed at `block` for the
@@ -264,128 +308,157 @@ void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm n, const GpuTiling 
 
 namespace {
 
-// The flash core (attn_gen::FlashAttention), FlashAttention's loop with one query per
-// thread: a GPU block per (query block, head, batch), query_block threads, walks the key
-// blocks one after another. For each key block: Q·Kᵀ for its queries, a slice of
-// kFeaturesPerBlock features at a time (the slice's K tile staged in shared memory by the
-// whole block, each thread's partial dot products in registers, added to the block's
-// scores in shared memory); then each thread, in registers, its query's scores, their max,
-// exponentials and sum, and their weighted sum of V (the block's V tile staged in shared
-// memory), folded into its query's running (context, max, sum). The running state stays in
-// shared memory: a few loads and stores per key block against 2·key_block·d FMAs (in
-// registers it would hold the max and sum once per feature, as the algorithm's Tuple
-// does, and spill). Every thread reads the same K and V element at the same time: shared
-// memory broadcasts, in vectors of 4. The shared memory is a constant whatever the head
-// dimension (36 KiB at 32 queries by 32 keys); a head dimension over kFeaturesPerBlock
-// takes several passes over the keys, each computing the scores again for its features.
-// Nothing of size S_q × S_k, memory O(S). Registers: manifest.json's gpu_max_registers.
-constexpr int kFeaturesPerBlock = 64;
+// The flash core (attn_gen::FlashAttention): a GPU block per (query block, head, batch)
+// walks the key blocks one after another, with kFlashLanes × query_block threads, so that
+// each query has kFlashLanes threads (one query per thread left an H200 with about 6 warps
+// an SM at S = 2048: 0.14x PyTorch SDPA's speed). For each key block, barrier-separated
+// phases over the block's threads:
+// 1. Q·Kᵀ for its queries, a slice of the head dimension's features at a time: the slice's
+//    K tile staged in shared memory by the whole block, each thread the dot products of
+//    key_chunk / kFlashLanes adjacent keys of its query in registers (one vector load of K
+//    per feature, conflict-free across the lanes; Q's value a broadcast), added to the
+//    block's `dot`;
+// 2. the scores (scale and bias), a thread per key_chunk / kFlashLanes keys of a query;
+// 3. the exponentials, likewise, each thread taking its query's max over the block itself
+//    from the scores in shared memory (broadcast reads: no barrier and no idle threads for it);
+// 4. the running (context, max, sum) updated by each thread for slice / kFlashLanes features
+//    of its query, the block's sum and its weighted sum of V (the V tile staged in shared
+//    memory, lanes along the features) computed in registers beside it.
+// The running state stays in shared memory, 12 bytes per feature of the slice and query:
+// the slice is 64 features up to 16 queries a block, halved while it times the queries is over 1024,
+// so that a block's shared memory, a constant whatever the head dimension, stays within the
+// 48 KiB (25 KiB at 16 queries by 32 keys, 32 KiB at 32 queries). A head dimension over the
+// slice takes several passes over the keys, each computing the scores again for its
+// features. Nothing of size S_q × S_k, memory O(S). Registers: manifest.json's
+// gpu_max_registers.
+constexpr int kFlashLanes = 16;
+constexpr int kMaxFeaturesPerSlice = 64;
+constexpr int kMaxThreads = 512;
 void schedule_flash_core(attn_gen::FlashAttention f) {
+    // At most 512 threads a block: a thread holds about 110 registers (ptxas, sm_90), and a
+    // block must fit an SM's 65536.
+    const int queries = f.blocking.query_block;
+    if (queries > kMaxThreads / kFlashLanes)
+        throw CompileError("query_block=" + std::to_string(queries) + ": a GPU block of the flash core runs " +
+                           std::to_string(kFlashLanes) + " threads a query, at most " + std::to_string(kMaxThreads) +
+                           ": expected 1 to " + std::to_string(kMaxThreads / kFlashLanes));
+    int slice_features = kMaxFeaturesPerSlice;
+    while (slice_features > kFlashLanes && slice_features * queries > 1024) slice_features /= 2;
+    const int features_per_lane = slice_features / kFlashLanes;
     const Var &e = dims.head_dim, &h = dims.head, &b = dims.batch;
     const Var &qi = dims.query_in_block, &kl = dims.key_in_chunk, &kc = dims.key_chunk;
-    const Var &qb = dims.query_block, &kb = dims.key_block;
+    const Var &qb = dims.query_block, &kb = dims.key_block, &j = dims.key;
     const RVar &lane = f.key_in_block.x, &chunk = f.key_in_block.y, &key_block = f.key_blocks.x;
-    Var eb{"eb"}, ei{"ei"};
+    const int chunks = f.blocking.chunks(), chunk_keys = f.blocking.key_chunk;
+    const int keys_per_lane = std::max(1, chunk_keys / kFlashLanes);
+    Var eb{"eb"}, ei{"ei"}, et{"feature_lane"}, ev{"feature_vector"};
+    Var kt{"key_lane"}, kv{"key_vector"};
+    RVar lane_thread{"lane_thread"}, lane_vector{"lane_vector"};
     // The kernel: block_result, the context by query block (ctx reads it by query, inlined
-    // into whatever consumes the context), a thread per query of the block.
+    // into whatever consumes the context), a thread per features_per_lane features of a query.
     f.block_result.compute_root()
-        .split(e, eb, ei, kFeaturesPerBlock, kGuard)
-        .reorder(ei, qi, eb, qb, h, b)
+        .split(e, eb, ei, slice_features, kGuard)
+        .split(ei, et, ev, features_per_lane)
+        .reorder(ev, et, qi, eb, qb, h, b)
         .gpu_blocks(qb, h, b)
-        .gpu_threads(qi)
-        .unroll(ei);
+        .gpu_threads(et, qi)
+        .unroll(ev);
     // The running state, whole tiles of features (the algorithm clamps reads past the head
-    // dimension) unrolled so that every index is a constant; the key blocks outside the
-    // threads, each thread updating its query's row.
+    // dimension), the key blocks outside the threads, each thread updating its features.
     f.running.compute_at(f.block_result, eb)
         .store_in(MemoryType::GPUShared)
-        .bound_extent(e, kFeaturesPerBlock)
-        .gpu_threads(qi)
-        .unroll(e);
-    f.running.update().reorder(e, qi, key_block).gpu_threads(qi).unroll(e);
-    LoopLevel step(f.running, qi);
-    const int chunks = f.blocking.chunks(), chunk_keys = f.blocking.key_chunk;
-    const Var &j = dims.key;
-    LoopLevel block_step(f.running, key_block);
-    Var lane_outer{"lane_outer"}, thread_lane{"thread_lane"}, vector_lane{"vector_lane"}, slice{"slice"};
+        .bound_extent(e, slice_features)
+        .split(e, et, ev, features_per_lane)
+        .reorder(ev, et, qi)
+        .gpu_threads(et, qi)
+        .unroll(ev);
+    f.running.update()
+        .split(e, et, ev, features_per_lane)
+        .reorder(ev, et, qi, key_block)
+        .gpu_threads(et, qi)
+        .unroll(ev);
+    LoopLevel block_step(f.running, key_block), thread_step(f.running, et);
+    // 1. Q·Kᵀ of the key block into shared memory, a slice of slice_features features at a
+    // time (the slice's partial dot products in registers, `slice_dot`).
     RVar e_outer{"e_outer"}, e_inner{"e_inner"};
-    // Q·Kᵀ of the key block for the block's queries (in shared memory), a slice of
-    // kFeaturesPerBlock features of the head dimension at a time: each slice's K tile is
-    // staged in shared memory by the whole block, then each thread adds its query's partial
-    // dot products over the slice (in registers: the slice's features outermost, the block's
-    // keys inside, so that each loaded Q value serves every key) to its row. The tiles'
-    // sizes are constants whatever the head dimension: kFeaturesPerBlock features of the
-    // key block's keys.
+    Var slice{"slice"};
     f.dot.compute_at(block_step)
         .store_in(MemoryType::GPUShared)
         .bound_extent(kl, chunk_keys)
         .bound_extent(kc, chunks)
         .bound_extent(kb, 1)
-        .gpu_threads(qi)
-        .unroll(kl)
+        .split(kl, kt, kv, keys_per_lane)
+        .reorder(kv, kc, kt, qi)
+        .gpu_threads(kt, qi)
+        .unroll(kv)
         .unroll(kc);
-    Func slice_dot = f.dot.update().split(f.e.x, e_outer, e_inner, kFeaturesPerBlock, kGuard).rfactor(e_outer, slice);
-    f.dot.update().reorder(kl, kc, qi, e_outer).gpu_threads(qi).unroll(kl).unroll(kc);
+    Func slice_dot = f.dot.update().split(f.e.x, e_outer, e_inner, slice_features, kGuard).rfactor(e_outer, slice);
+    f.dot.update()
+        .split(kl, kt, kv, keys_per_lane)
+        .reorder(kv, kc, kt, qi, e_outer)
+        .gpu_threads(kt, qi)
+        .unroll(kv)
+        .unroll(kc);
     LoopLevel slice_step(f.dot, e_outer);
-    slice_dot.compute_at(f.dot, qi)
+    slice_dot.compute_at(f.dot, kt)
         .store_in(MemoryType::Register)
-        .bound_extent(kl, chunk_keys)
+        .bound_extent(kl, keys_per_lane)
         .bound_extent(kc, chunks)
-        .unroll(kl)
+        .vectorize(kl)
         .unroll(kc);
-    // Vectors of 4 along the tiles' contiguous side (keys of K, features of V): shared
-    // loads of 16 bytes, one per 4 FMAs.
-    slice_dot.update()
-        .reorder(kl, kc, e_inner)
-        .split(kl, kl, vector_lane, 4)
-        .vectorize(vector_lane)
-        .unroll(kl)
-        .unroll(kc);
-    // The K slice and the V tile, staged by the whole block. V: lanes along the head
-    // dimension, where global memory is contiguous (coalesced loads, conflict-free stores).
-    // K: lanes along the keys, so that its tile keeps keys innermost and a thread's vector of
-    // 4 keys is one shared load; its global reads are then a row per lane, each row's slice
-    // (256 contiguous bytes) read over successive loads through L1. One-dimensional, as every
-    // thread loop of this kernel: in a two-dimensional block, Halide 21 runs a
-    // one-dimensional loop on every row of threads.
+    slice_dot.update().reorder(kl, kc, e_inner).vectorize(kl).unroll(kc);
+    // The K slice, staged by the whole block: lanes along the keys, so that the tile keeps
+    // keys innermost and a thread's adjacent keys are one shared load (its global reads are
+    // then a row per lane, each row's slice read over successive loads through L1); the
+    // block's rows of threads take the features.
     Func keys = f.keys.in(slice_dot), values = f.values.in(f.block_context);
-    keys.compute_at(slice_step).store_in(MemoryType::GPUShared).bound_extent(e, kFeaturesPerBlock);
-    keys.split(j, lane_outer, thread_lane, kLanes, kGuard).reorder(thread_lane, e, lane_outer).gpu_threads(thread_lane);
-    values.compute_at(block_step).store_in(MemoryType::GPUShared);
-    values.split(e, lane_outer, thread_lane, kLanes, kGuard)
-        .reorder(thread_lane, lane_outer, j)
-        .gpu_threads(thread_lane);
-    // Then one key block of one query, in registers: scores, max, exponentials, sum and the
-    // weighted sum of V, whole tiles (their extents stated: the chunks visited depend on the
-    // data), the chunks past the last key visited left uncomputed.
+    Var jo{"key_outer"}, jt{"key_thread"}, eo{"feature_outer"}, er{"feature_row"};
+    keys.compute_at(slice_step)
+        .store_in(MemoryType::GPUShared)
+        .bound_extent(e, slice_features)
+        .split(j, jo, jt, kFlashLanes, kGuard)
+        .split(e, eo, er, f.blocking.query_block, kGuard)
+        .reorder(jo, eo, jt, er)
+        .gpu_threads(jt, er);
+    // 2 and 3. The scores, then the exponentials (each thread's query's block max in registers,
+    // read from the scores), a thread per kKeysPerLane keys of a query; whole tiles (their
+    // extents stated: the chunks visited depend on the data).
     for (Func tile : {f.scores, f.block_exp}) {
-        tile.compute_at(step)
-            .store_in(MemoryType::Register)
+        tile.compute_at(block_step)
+            .store_in(MemoryType::GPUShared)
             .bound_extent(kl, chunk_keys)
             .bound_extent(kc, chunks)
-            .bound_extent(kb, 1)
-            .bound_extent(qi, 1)
-            .unroll(kl)
-            .unroll(kc);
+            .bound_extent(kb, 1);
+        tile.update()
+            .split(lane, lane_thread, lane_vector, keys_per_lane)
+            .reorder(lane_vector, chunk, lane_thread, qi)
+            .gpu_threads(lane_thread, qi)
+            .unroll(lane_vector)
+            .unroll(chunk);
     }
-    for (Func tile : {f.scores, f.block_exp}) tile.update().unroll(lane).unroll(chunk);
-    for (Func row : {f.block_max, f.block_sum}) {
-        row.compute_at(step).store_in(MemoryType::Register).bound_extent(kb, 1).bound_extent(qi, 1);
+    Func exp_max = f.block_max.clone_in(f.block_exp);
+    for (auto [row, at] : {std::pair{exp_max, LoopLevel(f.block_exp, lane_thread)}, std::pair{f.block_max, thread_step}}) {
+        row.compute_at(at).store_in(MemoryType::Register).bound_extent(kb, 1).bound_extent(qi, 1);
         row.update().unroll(lane).unroll(chunk);
     }
-    f.block_context.compute_at(step)
+    // 4. The block's sum and weighted sum of V for the thread's features, in registers (V's
+    // tile staged with lanes along the features, where global memory is contiguous: coalesced
+    // loads, conflict-free stores and float4 reads).
+    f.block_sum.compute_at(thread_step).store_in(MemoryType::Register).bound_extent(kb, 1).bound_extent(qi, 1);
+    f.block_sum.update().unroll(lane).unroll(chunk);
+    f.block_context.compute_at(thread_step)
         .store_in(MemoryType::Register)
-        .bound_extent(e, kFeaturesPerBlock)
+        .bound_extent(e, features_per_lane)
         .bound_extent(kb, 1)
         .bound_extent(qi, 1)
-        .unroll(e);
-    f.block_context.update()
-        .reorder(e, lane, chunk)
-        .split(e, e, vector_lane, 4)
-        .vectorize(vector_lane)
-        .unroll(e)
-        .unroll(lane)
-        .unroll(chunk);
+        .vectorize(e);
+    f.block_context.update().reorder(e, lane, chunk).vectorize(e).unroll(lane).unroll(chunk);
+    values.compute_at(block_step)
+        .store_in(MemoryType::GPUShared)
+        .split(e, eo, et, kFlashLanes, kGuard)
+        .split(j, jo, jt, f.blocking.query_block, kGuard)
+        .reorder(eo, jo, et, jt)
+        .gpu_threads(et, jt);
 }
 
 // Each batch's last real key: a block per batch, one thread scanning its mask.

@@ -3,9 +3,6 @@
 // schedule compiles for CUDA (the shipped variants) and for OpenCL (run on the CPU by
 // PoCL in CI, where there is no GPU).
 //
-// - The projections: each thread a register tile of output features × rows, reading
-//   the (per call transposed) weight as float4 and input values its warp shares, no
-//   shared memory (Halide's apps/cuda_mat_mul).
 // - The stages' Q·Kᵀ and probs·V: a block computes a tile of the output, each thread a
 //   register-sized sub-tile; the reduction runs in chunks whose operand tiles are
 //   staged in shared memory by coalesced loads, then reused by every thread of the block.
@@ -13,12 +10,15 @@
 //   lanes per row, each lane reducing a strided slice (coalesced reads), the 32 partials
 //   combined in shared memory.
 // - The fused layer's attention core is the algorithm's flash core (one pass over the
-//   keys with an online softmax, attn_gen::FlashAttention), one query per thread: its
-//   scores, exponentials and weighted sum of V in registers, K and V tiles staged in shared
-//   memory per key block, its running state in shared memory; no S×S buffer, memory O(S).
+//   keys with an online softmax, attn_gen::FlashAttention), 16 threads a query: Q·Kᵀ,
+//   the scores and the exponentials a few keys a thread, the running state a few features
+//   a thread, K and V tiles and the block's scores in shared memory; no S×S buffer, memory O(S).
+// - The projections: each thread a register tile of output features × rows (no shared
+//   memory, Halide's apps/cuda_mat_mul), the reduction optionally split in parts whose
+//   partial results one more kernel adds (GpuTiling::split_k).
 //
 // Checked against the reference in CI on OpenCL (PoCL), and on an NVIDIA GPU by
-// tools/gpu_machine.sh test when one is lent (the flash core above has not met one yet). Every kernel fits the shared
+// tools/gpu_machine.sh test when one is lent (an H200 on 2026-11-27). Every kernel fits the shared
 // memory of a block (manifest.json: gpu_shared_memory_per_block), checked at build time where Halide bounds it and by
 // the tests' OpenCL device at run time (README, "Shared memory").
 #pragma once
@@ -32,10 +32,13 @@ namespace attn_sched {
 // by tools/gpu_autotune.py. (The flash core's query and key blocks are the algorithm's:
 // attn_gen::Blocking.)
 struct GpuTiling {
-    // A projection's register tile: each thread computes 4 output features (a float4 of the
+    // A projection's register tile: each thread computes 4 output features (adjacent in the
     // transposed weight) by thread_rows token rows; a block is col_threads × row_threads
     // threads.
     int thread_rows, col_threads, row_threads;
+    // The reduction split into split_k strided parts (input features k ≡ part mod split_k),
+    // each part's partial products computed by their own blocks, then added.
+    int split_k = 1;
 };
 
 void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const GpuTiling &tiling);

@@ -85,7 +85,9 @@ profile_filter='^attention_layer/manual_avx512_(skylake|zen4)(_bf16|_int8)?/b1_s
 # autotuned_avx512_skylake: the machine goes back after 30 s idle, so that call starts a
 # fresh one. All three calls have run (1 and 2 on 2026-11-26, 3 on 2026-11-27): a later
 # loan reruns call 1 and 2 once the CUDA schedules change, and call 3 (bundles again
-# first) once the CPU ones do.
+# first) once the CPU ones do. On 2026-11-27 a loan of 15 minutes ran the trace step and
+# the layer and core comparisons (4 min), then the comparisons and the layer's tuning after
+# the flash core changed (7 min, 40 candidates).
 campaign=(
   "9|machine;test cuda;tune attention_layer;tune attention_scores masked_softmax weighted_sum qkv_projection output_layernorm;test avx512|the GPU, driver and host CPU; every CUDA variant against the reference; every function's candidates checked and timed, the fused layer's beside PyTorch eager, SDPA and the cuBLAS roofline (tune/); every AVX-512 variant on the host CPU"
   "5|bench layer;bench core;bench stages;bench cpu;python;trace|(after freeze and pack here) the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors; each CUDA call's time kernel by kernel and the host's around it (trace/: last, since its tracer has not run on a GPU yet)"
