@@ -327,7 +327,7 @@ namespace {
 // The running state stays in shared memory, 12 bytes per feature of the slice and query:
 // the slice is 64 features up to 16 queries a block, halved while it times the queries is over 1024,
 // so that a block's shared memory, a constant whatever the head dimension, stays within the
-// 48 KiB (25 KiB at 16 queries by 32 keys, 32 KiB at 32 queries). A head dimension over the
+// 48 KiB (32 KiB at 16 queries by 32 keys, 28 KiB at 32 queries: Halide's launch). A head dimension over the
 // slice takes several passes over the keys, each computing the scores again for its
 // features. Nothing of size S_q × S_k, memory O(S). Registers: manifest.json's
 // gpu_max_registers.
