@@ -85,7 +85,7 @@ TEST(ManualParameter, OutOfRangeFailsNamingTheParameterAndZeroTakesTheTargetsDef
             << e.what();
     }
     EXPECT_THROW(attn_sched::manual_parameter_for(cpu, "query_block", 2048), Halide::CompileError);
-    EXPECT_EQ(attn_sched::manual_parameter_for(gpu, "query_block", 0), 32);
+    EXPECT_EQ(attn_sched::manual_parameter_for(gpu, "query_block", 0), 16);
     EXPECT_EQ(attn_sched::manual_parameter_for(cpu, "query_block", 0), 64);
     EXPECT_EQ(attn_sched::manual_parameter_for(arm, "tile_rows", 0), 8);
 }

@@ -41,7 +41,7 @@ tuned = json.loads((folder / "qkv_projection.json").read_text())
 provenance = json.loads((folder / "qkv_projection.provenance.json").read_text())
 [entry] = tuned["classes"]
 assert entry["shape_classes"] == ["short"], entry
-assert set(entry["params"]) == {"gpu_thread_rows", "gpu_col_threads", "gpu_row_threads"}, entry
+assert set(entry["params"]) == {"gpu_thread_rows", "gpu_col_threads", "gpu_row_threads", "gpu_split_k"}, entry
 p = provenance["classes"][0]["provenance"]
 assert p["machine"]["device"] == "opencl" and p["candidates_timed"] == 2, p
 timed = [c for c in p["candidates"] if "median_ms" in c]
