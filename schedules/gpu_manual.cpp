@@ -137,8 +137,9 @@ constexpr int kVector = 4;
 constexpr int kUnrollK = 8;
 
 // `stage` (of a compute_root Func) tiled over (col, row, batch): a block of t.col_threads ×
-// t.row_threads threads, each kVector columns by t.thread_rows rows, unrolled.
-void tile_stage(Stage stage, const Var &col, VarOrRVar row, const Var &batch, const GpuTiling &t) {
+// t.row_threads threads, each kVector columns by t.thread_rows rows, unrolled. Returns the
+// innermost thread loop's variable, where a thread's tile is computed.
+Var tile_stage(Stage stage, const Var &col, VarOrRVar row, const Var &batch, const GpuTiling &t) {
     Var co{"co"}, ci{"ci"}, ct{"ct"}, cv{"cv"};
     VarOrRVar ro("ro", row.is_rvar), ri("ri", row.is_rvar), rt("rt", row.is_rvar), ru("ru", row.is_rvar);
     stage.split(col, co, ci, kVector * t.col_threads, kGuard)
@@ -150,22 +151,30 @@ void tile_stage(Stage stage, const Var &col, VarOrRVar row, const Var &batch, co
         .gpu_threads(ct, rt)
         .unroll(cv)  // not vectorized: a guarded vector store has no OpenCL C form in Halide 21
         .unroll(ru);
+    return ct;
 }
+
+// `product`, the thread's tile of `owner`'s tiled stage, computed at the thread (`thread`, from
+// tile_stage) in registers. Whole tiles at the edges too (the algorithm clamps the reads): the
+// unrolled loops need a constant extent, which bounds inference cannot always prove of a
+// guarded tile (packed sequences' K and V, read at data-dependent rows).
+void tile_in_registers(Func product, Func owner, const Var &thread, const Var &col, const Var &product_row,
+                       const GpuTiling &t) {
+    product.compute_at(owner, thread)
+        .store_in(MemoryType::Register)
+        .bound_extent(product_row, t.thread_rows)
+        .unroll(col)
+        .unroll(product_row);
+}
+
+Stage last_stage(Func f) { return f.has_update_definition() ? Stage(f.update()) : Stage(f); }
 
 // `stage` tiled as tile_stage does, each thread's tile of `product` (reducing over k, innermost
 // first) accumulated in registers: k's first RVar unrolled by kUnrollK. `product_row` is
 // product's own row (its second argument where the stage's row is an RVar).
 void register_tile(Func owner, Func product, const Var &col, VarOrRVar row, const Var &batch,
                    const Var &product_row, const std::vector<RVar> &k, const GpuTiling &t) {
-    tile_stage(owner.has_update_definition() ? Stage(owner.update()) : Stage(owner), col, row, batch, t);
-    // Whole tiles at the edges too (the algorithm clamps the reads): the unrolled loops need
-    // a constant extent, which bounds inference cannot always prove of a guarded tile
-    // (packed sequences' K and V, read at data-dependent rows).
-    product.compute_at(owner, Var("ct"))
-        .store_in(MemoryType::Register)
-        .bound_extent(product_row, t.thread_rows)
-        .unroll(col)
-        .unroll(product_row);
+    tile_in_registers(product, owner, tile_stage(last_stage(owner), col, row, batch, t), col, product_row, t);
     std::vector<VarOrRVar> order{col, product_row};
     RVar k_outer{"k_outer"}, k_inner{"k_inner"};
     Stage update = product.update();
@@ -206,14 +215,9 @@ void gpu_projection(Func out, Func product, Func weight_t, attn_gen::WeightLayou
         // One batch and part a thread (fused into one block index, which bounds them loosely).
         partial_product.bound_extent(partial_product.args()[2], 1).bound_extent(part, 1);
         // The parts added in registers, within out's tile.
-        product.compute_at(out, Var("ct"))
-            .store_in(MemoryType::Register)
-            .bound_extent(product_row, t.thread_rows)
-            .unroll(col)
-            .unroll(product_row);
-        product.update().reorder(col, product_row, k_part).unroll(col).unroll(product_row).unroll(k_part);
         out.compute_root();
-        tile_stage(out.has_update_definition() ? Stage(out.update()) : Stage(out), col, row, batch, t);
+        tile_in_registers(product, out, tile_stage(last_stage(out), col, row, batch, t), col, product_row, t);
+        product.update().reorder(col, product_row, k_part).unroll(col).unroll(product_row).unroll(k_part);
         return;
     }
     out.compute_root();
@@ -421,7 +425,7 @@ void schedule_flash_core(attn_gen::FlashAttention f) {
         .reorder(jo, eo, jt, er)
         .gpu_threads(jt, er);
     // 2 and 3. The scores, then the exponentials (each thread's query's block max in registers,
-    // read from the scores), a thread per kKeysPerLane keys of a query; whole tiles (their
+    // read from the scores), a thread per keys_per_lane keys of a query; whole tiles (their
     // extents stated: the chunks visited depend on the data).
     for (Func tile : {f.scores, f.block_exp}) {
         tile.compute_at(block_step)
