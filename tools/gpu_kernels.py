@@ -559,7 +559,7 @@ def main():
     if not libraries:
         print("SKIP: this build has no CUDA variant")
         return SKIP
-    missing = [lib["name"] for lib in libraries if not (build / f"{lib['name']}.o").exists()]
+    missing = [lib["object"] for lib in libraries if not (build / f"{lib['object']}.o").exists()]
     if missing:
         raise SystemExit(f"{build} lacks {', '.join(missing)}.o: build it first")
     generator = build / "attn_generators"
@@ -574,7 +574,12 @@ def main():
     version = ptxas_version(ptxas)
 
     def one(library):
-        obj = build / f"{library['name']}.o"
+        # A library generated once for several (tools/manifest.py, aot_libraries) is read from
+        # the object of the first, its kernels named as this one's would be.
+        obj = build / f"{library['object']}.o"
+
+        def renamed(by_kernel):
+            return {k.replace(library["object"], library["name"]): v for k, v in by_kernel.items()}
         cap = args.max_registers or m.gpu_max_registers(library["source"])
         # The object holds the kernels and the host code that launches them, so its bytes key
         # both ptxas's figures and the stmt's launches (--cache: a test run after a build that
@@ -586,10 +591,10 @@ def main():
             figures, launched = entry["figures"], {k: {f: tuple(b) for f, b in v.items()}
                                                    for k, v in entry["launched"].items()}
         else:
-            figures = assemble(ptxas, ptx_of(obj), args.gpu_name, cap)
-            built = build / f"{library['name']}.stmt"  # the build writes it beside the object
+            figures = renamed(assemble(ptxas, ptx_of(obj), args.gpu_name, cap))
+            built = build / f"{library['object']}.stmt"  # the build writes it beside the object
             if built.exists() and built.stat().st_mtime >= obj.stat().st_mtime:
-                launched = launches(built.read_text(errors="replace"))
+                launched = renamed(launches(built.read_text(errors="replace")))
             else:
                 with tempfile.TemporaryDirectory() as tmp:
                     launched = launches(lowered_stmt(generator, plugins, m.target(library["isa"]), library, tmp))

@@ -327,11 +327,29 @@ class Manifest:
         names (<source>_<isa>) matching `only` (a regex, ATTN_ONLY_VARIANTS) if given."""
         return [(s, i) for s, i in self.variants(arch=arch) if not only or re.search(only, f"{s}_{i}")]
 
+    def generation_key(self, isa, generator, params):
+        """What a generator run's output depends on: the generator, the ISA's target and the
+        parameters, the hand-written schedule's given or defaulted as the generator resolves them
+        (schedules/schedule_source.cpp: manual_parameter_for), the function's name left out."""
+        given = dict(p.split("=", 1) for p in params if not p.startswith("function="))
+        if given.get("schedule") == "manual":
+            gpu, arm = self.is_gpu(isa), self.arch(isa) == "arm-64"
+            for name, p in self.manual_parameters.items():
+                default = p.get("gpu_default", p["default"]) if gpu else p.get("arm_default", p["default"]) if arm \
+                    else p["default"]
+                if given.get(name, "0") == "0":
+                    given[name] = str(default)
+        return (generator, self.target(isa), tuple(sorted(given.items())))
+
     def aot_libraries(self, arch, only=None):
         """Every AOT library of the build for `arch`, in manifest order: one per built variant,
         provided function and (for a tuned source) entry of its shape classes. Each is a dict:
-        name, source, isa, function, generator, max_seq, plugin (a CMake target), params."""
-        libraries = []
+        name, source, isa, function, generator, max_seq, plugin (a CMake target), params, and
+        object: the library whose generated object it uses. That is its own name, or the first
+        library's with the same generator run (a tuned winner that is the hand-written default,
+        a class whose winner another class has): the kernels would be the same, instruction for
+        instruction, so they are generated once."""
+        libraries, first = [], {}
         for source, isa in self.built_variants(arch, only):
             for function, f in self.functions.items():
                 if not self.provides(source, isa, function):
@@ -343,11 +361,16 @@ class Manifest:
                 else:
                     builds = [("", 0, self.generator_params(function, source))]
                 for suffix, max_seq, params in builds:
+                    plugin = self.sources[source].get("plugin", "")
                     libraries.append({"name": f"attn_{function}_{source}_{isa}{suffix}", "source": source,
                                       "isa": isa, "function": function, "generator": f["generator"],
-                                      "max_seq": max_seq, "plugin": self.sources[source].get("plugin", ""),
-                                      "params": params})
-        return libraries
+                                      "max_seq": max_seq, "plugin": plugin, "params": params,
+                                      "key": (plugin, self.generation_key(isa, f["generator"], params))})
+        # The hand-written variant's own objects first, so that a build of it alone (the
+        # sanitizer run's) finds them under its names in a build of every variant.
+        for lib in sorted(libraries, key=lambda lib: self.sources[lib["source"]]["kind"] != "hand-written"):
+            first.setdefault(lib["key"], lib["name"])
+        return [{**{k: v for k, v in lib.items() if k != "key"}, "object": first[lib["key"]]} for lib in libraries]
 
     def inputs(self, arch, only=None):
         """The files the emitted tables of a build's variants depend on."""
@@ -589,8 +612,9 @@ def emit_cmake(m, path, arch, only):
         lines.append(f"set(ATTN_VARIANT_{v} SOURCE {source} ISA {isa} LIBRARIES {' '.join(names)})")
     for lib in libraries:
         plugin = f" PLUGIN {lib['plugin']}" if lib["plugin"] else ""
+        same = f" SAME_AS {lib['object']}" if lib["object"] != lib["name"] else ""
         lines.append(f"set(ATTN_LIBRARY_{lib['name']} FUNCTION {lib['function']} GENERATOR {lib['generator']} "
-                     f"MAX_SEQ {lib['max_seq']}{plugin} PARAMS {cmake_list(lib['params'])})")
+                     f"MAX_SEQ {lib['max_seq']}{plugin}{same} PARAMS {cmake_list(lib['params'])})")
     _write_if_changed(path, "\n".join(lines) + "\n")
 
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""tools/manifest.py's shared objects: a build generates each distinct generator run once, and a
+library whose run another library already makes (a tuned winner that is the hand-written
+default, a shape class with another class's winner) uses that library's object (aot_libraries'
+`object`, SAME_AS in attn_manifest.cmake). Checks that
+  - sharing follows generation_key: same generator, target and resolved parameters, and the
+    object's own library is its own object (no chains), the hand-written one where it is among them;
+  - generation_key resolves the hand-written defaults as the generators do (a GPU's, a CPU's, 0);
+  - two libraries that share an object do lower to the same code: the generator's stmt of each,
+    names aside, for a CPU and a CUDA pair; and a pair that does not share, to different code.
+Usage: test_manifest_objects.py GENERATOR WORK_DIR"""
+import pathlib
+import re
+import subprocess
+import sys
+
+root = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(root / "tools"))
+import manifest  # noqa: E402
+
+generator, work = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+work.mkdir(parents=True, exist_ok=True)
+m = manifest.load()
+
+
+def check(condition, message):
+    if not condition:
+        raise SystemExit(f"FAIL: {message}")
+
+
+shared = 0
+for arch in ("x86-64", "arm-64"):
+    libraries = {lib["name"]: lib for lib in m.aot_libraries(arch)}
+    for lib in libraries.values():
+        owner = libraries.get(lib["object"])
+        check(owner is not None, f"{lib['name']}: its object {lib['object']} is no library of the {arch} build")
+        check(owner["object"] == owner["name"], f"{lib['name']}: its object's library {owner['name']} uses another's")
+        if owner is lib:
+            continue
+        shared += 1
+        same = [(x["isa"], x["generator"], x["plugin"], m.generation_key(x["isa"], x["generator"], x["params"]))
+                for x in (lib, owner)]
+        check(same[0] == same[1], f"{lib['name']} uses {owner['name']}'s object, but their generator runs differ: "
+                                  f"{same[0]} vs {same[1]}")
+        group = [x for x in libraries.values() if x["object"] == owner["name"]]
+        hand_written = [x["name"] for x in group if m.sources[x["source"]]["kind"] == "hand-written"]
+        check(not hand_written or owner["name"] in hand_written,
+              f"{lib['name']}: shares {owner['name']}'s object, not the hand-written {hand_written}")
+check(shared > 0, "no library shares an object: the tuned winners that are the hand-written defaults should")
+
+# generation_key against the generators' own defaults (schedule_source.cpp: manual_parameter_for).
+defaults_cpu, defaults_gpu = m.manual_defaults(), m.manual_defaults(gpu=True)
+key = m.generation_key
+base = ["function=attention_core", "schedule=manual"]
+check(key("avx2", "attention_layer", base) == key("avx2", "attention_layer", base + [f"query_block={defaults_cpu['query_block']}"]),
+      "a CPU library given the CPU default query_block does not share the hand-written one's run")
+check(key("avx2", "attention_layer", base) != key("avx2", "attention_layer", base + [f"query_block={defaults_gpu['query_block']}"]),
+      "a CPU library given the GPU default query_block shares the hand-written one's run")
+check(key("cuda", "attention_layer", base) == key("cuda", "attention_layer", base + [f"query_block={defaults_gpu['query_block']}"]),
+      "a CUDA library given the GPU default query_block does not share the hand-written one's run")
+check(key("cuda", "attention_layer", base) == key("cuda", "attention_layer", base + ["query_block=0"]),
+      "query_block=0 (the target's default) is not the default")
+check(key("avx2", "attention_layer", base) != key("sse41", "attention_layer", base), "two targets share a run")
+check(key("avx2", "attention_layer", base) != key("avx2", "attention_layer", ["function=attention_core", "schedule=adams2019"]),
+      "two schedule sources share a run")
+
+
+def lowered(lib):
+    """The library's lowered stmt (no code generation), its own names taken out."""
+    out = work / lib["name"]
+    out.mkdir(exist_ok=True)
+    cmd = [str(generator), "-n", lib["name"], "-d", "0", "-g", lib["generator"], "-f", lib["name"], "-e", "stmt",
+           "-o", str(out), f"target={m.target(lib['isa'])}-no_runtime", *lib["params"]]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    check(run.returncode == 0, f"{' '.join(cmd)} failed:\n{run.stderr[-2000:]}")
+    text = (out / f"{lib['name']}.stmt").read_text(errors="replace").replace(lib["name"], "NAME")
+    return re.sub(r"(__|\$)\d+\b", "", text)  # Halide's unique-name counters
+
+
+x86 = {lib["name"]: lib for lib in m.aot_libraries("x86-64")}
+pairs = [("attn_masked_softmax_autotuned_avx2", True), ("attn_attention_core_autotuned_cuda_long", True),
+         ("attn_output_layernorm_autotuned_cuda_short", False)]
+for name, shares in pairs:
+    lib = x86[name]
+    check((lib["object"] != name) == shares, f"{name} {'does not share' if shares else 'shares'} an object")
+    other = x86[lib["object"]] if shares else x86[name.replace("autotuned", "manual").replace("_short", "")]
+    same = lowered(lib) == lowered(other)
+    check(same == shares, f"{name} and {other['name']} lower to {'different' if shares else 'the same'} code")
+    print(f"{name} and {other['name']}: {'the same' if same else 'different'} lowered code")
+print(f"PASS: {shared} libraries use another's object")
