@@ -19,3 +19,15 @@ if (NOT ATTN_SANITIZE AND NOT CMAKE_CROSSCOMPILING)
                      "${CMAKE_CURRENT_BINARY_DIR}/gpu_kernels")
     set_tests_properties(gpu_kernels.check gpu_kernels.check_fails PROPERTIES SKIP_RETURN_CODE 77)
 endif ()
+
+# The GPU flash core refuses more queries a block than its threads allow (16 a query, at most
+# 512 a block), naming query_block, when the build's manual_cuda core is generated with 64.
+if (NOT ATTN_SANITIZE AND NOT CMAKE_CROSSCOMPILING AND DEFINED ATTN_LIBRARY_attn_attention_core_manual_cuda)
+    cmake_parse_arguments(core "" "GENERATOR" "PARAMS" ${ATTN_LIBRARY_attn_attention_core_manual_cuda})
+    add_test(NAME gpu_flash_core.refuses_too_many_queries
+             COMMAND $<TARGET_FILE:${ATTN_GENERATORS}> -n refused -d 0 -g ${core_GENERATOR} -f refused -e c_header
+                     -o "${CMAKE_CURRENT_BINARY_DIR}/refused" target=${ATTN_ISA_cuda_TARGET}-no_runtime ${core_PARAMS}
+                     query_block=64)
+    set_tests_properties(gpu_flash_core.refuses_too_many_queries PROPERTIES PASS_REGULAR_EXPRESSION
+                         "query_block=64: a GPU block of the flash core runs 16 threads a query, at most 512: expected 1 to 32")
+endif ()

@@ -48,8 +48,9 @@ run_preset() {  # preset, then cache settings for its configure
   wait_for_test_venvs
   local tested_from=$SECONDS
   ctest --preset "$preset"
-  echo "test.sh: $preset: build ${built} s, tests $((SECONDS - tested_from)) s" \
-    "(and $((tested_from - built)) s waiting for the test venvs)"
+  local waited=""
+  ((tested_from == built)) || waited=" (after $((tested_from - built)) s waiting for the test venvs)"
+  echo "test.sh: $preset: build ${built} s, tests $((SECONDS - tested_from)) s$waited"
 }
 # arm64: the libraries `attn generate` writes for the manifest's arm64 ISA, as a user would
 # make them, linked with the runtime and the variant tests cross-built for AArch64 and
