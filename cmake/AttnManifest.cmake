@@ -7,8 +7,8 @@
 #       ATTN_ONLY_VARIANTS) and ATTN_VARIANT_<variant> (SOURCE, ISA, LIBRARIES), and each
 #       AOT library's ATTN_LIBRARY_<name> (FUNCTION, GENERATOR, MAX_SEQ, PLUGIN, PARAMS:
 #       its generator parameters, from the one builder that the autotuner, the freezer and
-#       `attn generate` use too; SAME_AS: an earlier library of the same generator run,
-#       whose object it uses)
+#       `attn generate` use too; SAME_AS: the library of the same generator run whose
+#       object it uses)
 # and the build reconfigures when manifest.json or a tuned winner changes.
 set(ATTN_GENERATED_DIR "${PROJECT_BINARY_DIR}/generated")
 

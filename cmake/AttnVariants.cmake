@@ -79,8 +79,8 @@ function(_attn_variant variant)
     foreach (name IN LISTS V_LIBRARIES)
         cmake_parse_arguments(L "" "FUNCTION;GENERATOR;MAX_SEQ;PLUGIN;SAME_AS" "PARAMS" ${ATTN_LIBRARY_${name}})
         if (L_SAME_AS)
-            # The same generator run as an earlier library of this ISA (tools/manifest.py,
-            # aot_libraries): its object and header serve this function too.
+            # The same generator run as another library of this ISA (tools/manifest.py,
+            # aot_libraries), built in its own variant: its object and header serve this one too.
             list(APPEND ATTN_COMPILED_LINES "ATTN_COMPILED(${V_SOURCE}, ${isa}, ${L_FUNCTION}, ${L_MAX_SEQ}, ${L_SAME_AS})")
             continue ()
         endif ()

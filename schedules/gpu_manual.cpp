@@ -507,4 +507,14 @@ void schedule_attention_core_gpu(attn_gen::FlashAttention flash, Func key_end, F
     out.compute_root().fuse(e, h, feature).gpu_tile(feature, i, fo, io, fi, ii, kLanes, kRowThreads, kGuard);
 }
 
+void never_partition_everything(Halide::Pipeline pipeline) {
+    std::vector<Internal::Function> outputs;
+    for (const Func &f : pipeline.outputs()) outputs.push_back(f.function());
+    for (const auto &named : Internal::build_environment(outputs)) {
+        Func f(named.second);
+        f.never_partition_all();
+        for (int u = 0; u < f.num_update_definitions(); ++u) f.update(u).never_partition_all();
+    }
+}
+
 }  // namespace attn_sched

@@ -335,20 +335,24 @@ class Manifest:
         if given.get("schedule") == "manual":
             gpu, arm = self.is_gpu(isa), self.arch(isa) == "arm-64"
             for name, p in self.manual_parameters.items():
-                default = p.get("gpu_default", p["default"]) if gpu else p.get("arm_default", p["default"]) if arm \
-                    else p["default"]
-                if given.get(name, "0") == "0":
-                    given[name] = str(default)
+                # A parameter with a default of its own on a GPU or on Arm is 0 until resolved.
+                target_default = p.get("gpu_default", p["default"]) if gpu else \
+                    p.get("arm_default", p["default"]) if arm else p["default"]
+                takes_target_default = p["default"] != p.get("gpu_default", p["default"]) or \
+                    p["default"] != p.get("arm_default", p["default"])
+                if name not in given or (given[name] == "0" and takes_target_default):
+                    given[name] = str(target_default)
         return (generator, self.target(isa), tuple(sorted(given.items())))
 
     def aot_libraries(self, arch, only=None):
         """Every AOT library of the build for `arch`, in manifest order: one per built variant,
         provided function and (for a tuned source) entry of its shape classes. Each is a dict:
         name, source, isa, function, generator, max_seq, plugin (a CMake target), params, and
-        object: the library whose generated object it uses. That is its own name, or the first
-        library's with the same generator run (a tuned winner that is the hand-written default,
-        a class whose winner another class has): the kernels would be the same, instruction for
-        instruction, so they are generated once."""
+        object: the library whose generated object it uses. That is its own name, or, where
+        libraries have the same generator run (a tuned winner that is the hand-written default,
+        a class whose winner another class has), the hand-written variant's library, else the
+        first in manifest order: the kernels would be the same, instruction for instruction, so
+        they are generated once."""
         libraries, first = [], {}
         for source, isa in self.built_variants(arch, only):
             for function, f in self.functions.items():
