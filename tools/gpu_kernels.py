@@ -575,7 +575,7 @@ def main():
 
     def one(library):
         # A library generated once for several (tools/manifest.py, aot_libraries) is read from
-        # the object of the first, its kernels named as this one's would be.
+        # the object it uses (the hand-written variant's), its kernels named as this one's would be.
         obj = build / f"{library['object']}.o"
 
         def renamed(by_kernel):

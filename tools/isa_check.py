@@ -34,7 +34,7 @@ def check(m, build, arch, show):
     for lib in m.aot_libraries(arch):
         precision = m.precision(lib["function"])
         if precision not in INSTRUCTIONS or lib["object"] != lib["name"]:
-            continue  # (a library generated once for several is checked as the first)
+            continue  # (a library generated once for several is checked as the one whose object it uses)
         instruction, feature = INSTRUCTIONS[precision]
         path = pathlib.Path(build) / f"{lib['name']}.o"
         if not path.exists():

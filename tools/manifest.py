@@ -259,10 +259,11 @@ class Manifest:
         isas = [self.isas[i].get("frozen_schedules_of", i) for s, i in self.variants("frozen") if s == source]
         return list(dict.fromkeys(isas))
 
-    def manual_defaults(self, gpu=False):
-        """Each hand-written parameter's default on a CPU, or on a GPU (its gpu_default)."""
-        return {name: p.get("gpu_default", p["default"]) if gpu else p["default"]
-                for name, p in self.manual_parameters.items()}
+    def manual_defaults(self, gpu=False, arm=False):
+        """Each hand-written parameter's default on a CPU, on a GPU (its gpu_default) or on Arm
+        (its arm_default)."""
+        return {name: p.get("gpu_default", p["default"]) if gpu else p.get("arm_default", p["default"]) if arm
+                else p["default"] for name, p in self.manual_parameters.items()}
 
     def tuning_parameters(self, function, gpu=False):
         """The hand-written parameters a schedule of the function reads on a CPU, or on a GPU:
@@ -333,15 +334,13 @@ class Manifest:
         (schedules/schedule_source.cpp: manual_parameter_for), the function's name left out."""
         given = dict(p.split("=", 1) for p in params if not p.startswith("function="))
         if given.get("schedule") == "manual":
-            gpu, arm = self.is_gpu(isa), self.arch(isa) == "arm-64"
+            defaults = self.manual_defaults(gpu=self.is_gpu(isa), arm=self.arch(isa) == "arm-64")
             for name, p in self.manual_parameters.items():
                 # A parameter with a default of its own on a GPU or on Arm is 0 until resolved.
-                target_default = p.get("gpu_default", p["default"]) if gpu else \
-                    p.get("arm_default", p["default"]) if arm else p["default"]
                 takes_target_default = p["default"] != p.get("gpu_default", p["default"]) or \
                     p["default"] != p.get("arm_default", p["default"])
                 if name not in given or (given[name] == "0" and takes_target_default):
-                    given[name] = str(target_default)
+                    given[name] = str(defaults[name])
         return (generator, self.target(isa), tuple(sorted(given.items())))
 
     def aot_libraries(self, arch, only=None):
