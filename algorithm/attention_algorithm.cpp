@@ -371,11 +371,13 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     const RVar &lane = f.key_in_block.x, &chunk = f.key_in_block.y;
     if (blocking.chunks() > 1) f.key_in_block.where(chunk_visited(chunk));
     Expr query = qb * Q + qi, key = kb * K + chunk * C + lane;
-    // Whether each key of the batch is real, for whole blocks (false past s_k): the core
-    // reads it without clamping the key.
+    // Whether each key of the batch is real, for whole blocks (0 past s_k): the core reads it
+    // without clamping the key. 1 or 0 in 32 bits, the scores' lane width, so that a vector
+    // of it is a select's mask after one comparison (bytes would be widened on every use).
     f.key_is_real = Func{"key_is_real"};
-    f.key_is_real(j, b) = j < s_k && key_padding_mask(last(j, s_k), b) != 0;
-    Expr kept = f.key_is_real(key, b) && !(causal && key > query + (s_k - s_q));
+    f.key_is_real(j, b) = cast<int32_t>(j < s_k && key_padding_mask(last(j, s_k), b) != 0);
+    f.causal = causal;
+    Expr kept = f.key_is_real(key, b) != 0 && !(causal && key > query + (s_k - s_q));
 
     f.dot = Func{"dot"};
     f.dot(kl, kc, qi, qb, kb, h, b) = 0.0f;

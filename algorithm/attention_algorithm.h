@@ -257,7 +257,8 @@ struct FlashAttention {
     // head, batch), V[2·key_pair + pair, head_dim] rounded.
     Halide::Func values;
     Halide::Func queries;      // bf16: (head_dim, head, query, batch), Q rounded; undefined in fp32
-    Halide::Func key_is_real;  // (key, batch): a real token within s_k, for whole blocks
+    Halide::Func key_is_real;  // (key, batch): 1 for a real token within s_k, else 0 (int32), for whole blocks
+    Halide::Expr causal;       // the causal mask's switch, which a schedule may specialize on
     // Per (key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch):
     Halide::Func dot;        // Q·Kᵀ
     Halide::Func scores;     // dot / √d + bias; an update over the chunks visited, undefined elsewhere
