@@ -228,6 +228,19 @@ void Call::run() {
 }  // namespace attn::pipeline
 
 namespace attn::detail {
+namespace {
+// The elements per row of a prepared matrix of `columns` columns: whole cache lines, an odd
+// number of them. A CPU register tile reads one line or two of each row, row after row; at a
+// stride of a power of 2 times 64 bytes (H = 768 floats: 48 lines) those lines fall in a
+// few of L1's 64 sets (4 of them at 48 lines), and the tile's rows of weights evict each
+// other long before the next row tile reads them again. An odd number of lines spreads them
+// over every set.
+int conflict_free_row(int columns, size_t element_bytes) {
+    const int per_line = int(64 / element_bytes), lines = (columns + per_line - 1) / per_line;
+    return (lines | 1) * per_line;
+}
+}  // namespace
+
 PreparedWeights::PreparedWeights(const LayerWeights &w, const VariantInfo &variant)
     : weights(w, true, true), uploaded(variant.device != "cpu") {
     pipeline::prepare_halide(variant);
@@ -247,7 +260,9 @@ PreparedWeights::PreparedWeights(const LayerWeights &w, const VariantInfo &varia
                                        weight.name, "copying the weight to the host to prepare it");
                 source = host;
             }
-            Halide::Runtime::Buffer<float> prepared(given.dim(1).extent(), given.dim(0).extent());
+            const int h_out = given.dim(1).extent(), h_in = given.dim(0).extent();
+            Halide::Runtime::Buffer<float> rows(gpu ? h_out : conflict_free_row(h_out, sizeof(float)), h_in);
+            Halide::Runtime::Buffer<float> prepared = rows.cropped(0, 0, h_out);
             prepared.copy_from(source.transposed(0, 1));
             given = prepared;
             weight.memory = Memory::host;
@@ -279,10 +294,12 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
         hidden = out;
         // In the groups of input features the products read (attn_gen::WeightLayout::grouped):
         // element (group·o + lane, i_group) = W[o, group·i_group + lane], zero past `in`.
+        // (Rows of conflict_free_row elements, as the fp32 weights'.)
         const int64_t group = int8 ? 4 : 2, in_groups = (in + group - 1) / group, row = group * out;
         const std::size_t size = int8 ? 1 : 2;
-        m.bytes.assign(std::size_t(row * in_groups) * size, 0);
-        auto at = [&](int64_t o, int64_t i) { return std::size_t((i / group) * row + group * o + i % group); };
+        const int64_t stride = conflict_free_row(int(row), size);
+        m.bytes.assign(std::size_t(stride * in_groups) * size, 0);
+        auto at = [&](int64_t o, int64_t i) { return std::size_t((i / group) * stride + group * o + i % group); };
         if (int8) {
             const Int8Weight q = quantize_int8(t, a.name);
             for (int64_t o = 0; o < out; ++o)
@@ -297,7 +314,7 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
             for (int64_t o = 0; o < out; ++o)
                 for (int64_t i = 0; i < in; ++i) bits[at(o, i)] = bf16_bits(t.data[o * in + i]);
         }
-        halide_dimension_t dims[2] = {{0, int32_t(row), 1}, {0, int32_t(in_groups), int32_t(row)}};
+        halide_dimension_t dims[2] = {{0, int32_t(row), 1}, {0, int32_t(in_groups), int32_t(stride)}};
         const halide_type_t type = int8 ? halide_type_t(halide_type_int, 8) : halide_type_t(halide_type_bfloat, 16);
         m.buffer = Halide::Runtime::Buffer<void>(type, m.bytes.data(), 2, dims);
     }
