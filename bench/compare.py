@@ -63,16 +63,16 @@ class Worker:
 class WorkerCase:
     """A case of attn_bench: a variant or an OpenBLAS peer, timed in the worker."""
 
-    def __init__(self, worker, case, suffix=""):
+    def __init__(self, worker, case, suffix="", kind=None):
         self.worker, self.name, self.gflop = worker, case["name"], case["gflop"]
         self.impl = case["name"].split("/")[1] + suffix
         # per_sequence_<variant>: a packed problem's sequences through the dense path one at a
         # time, what packing is measured against; neither a variant nor a peer. <variant>_bf16,
         # <variant>_int8: the layer in that precision, compared apart from the fp32 variants
         # (report.py).
-        self.kind = ("peer" if self.impl.startswith("openblas") else
-                     "baseline" if self.impl.startswith("per_sequence_") else
-                     report.precision_of(case["name"].split("/")[1]) or "variant")
+        self.kind = kind or ("peer" if self.impl.startswith("openblas") else
+                             "baseline" if self.impl.startswith("per_sequence_") else
+                             report.precision_of(case["name"].split("/")[1]) or "variant")
 
     def prepare(self):
         return self.worker.ask("prepare", self.name)
@@ -166,6 +166,10 @@ def main():
     parser.add_argument("--pause", type=float, default=0.25, help="seconds of idle before each sample")
     parser.add_argument("--candidate", action="append", default=[], metavar="LIBRARY:SUFFIX:ISA",
                         help="also time a compiled candidate (tools/autotune.py's), as candidate_SUFFIX")
+    parser.add_argument("--baseline", metavar="ATTN_BENCH",
+                        help="another attn_bench build, e.g. of the commit before a change to the runtime: each of "
+                             "its cases runs in the same rounds as this build's, named <implementation>@baseline "
+                             "(report.py pairs them: time before / time after)")
     parser.add_argument("--filter", default=".", help="regex on <function>/<implementation>/<problem>")
     parser.add_argument("--exclude", default=DEFAULT_EXCLUDE, help="regex of cases left out (default: the "
                         "autoscheduled variants at S >= 4096, which take up to a minute per call)")
@@ -192,6 +196,7 @@ def main():
     # One worker per thread count (a CUDA comparison's one, on the default count).
     counts = args.threads if args.device == "cpu" else [None]
     workers = {n: Worker(args.bench, args.candidate, n) for n in counts}
+    baselines = {n: Worker(args.baseline, args.candidate, n) for n in counts} if args.baseline else {}
     suffix = {n: f"@{n}t" if len(counts) > 1 else "" for n in counts}
     listing = next(iter(workers.values())).ask("list")
     on_device = re.compile(rf"_{args.device}/" if args.device != "cpu" else r"^(?!.*_(cuda|opencl)/)")
@@ -223,6 +228,8 @@ def main():
             if c["problem"] == p["name"]:
                 for n, worker in workers.items():
                     by_function.setdefault(c["function"], []).append(WorkerCase(worker, c, suffix[n]))
+                for n, worker in baselines.items():
+                    by_function[c["function"]].append(WorkerCase(worker, c, "@baseline" + suffix[n], "baseline"))
         # Each peer beside the worker's cases of its function (the fused layer's peers on
         # every problem the layer runs; the attention core's where attn_bench times the core).
         these_peers = [(peer, peer_suffix) for peer, peer_suffix in peers
@@ -243,9 +250,9 @@ def main():
                   f"({time.monotonic() - started:.0f} s so far)", file=sys.stderr)
             results, orders = measure_group(impls, args.rounds, args.min_time, args.pause)
             groups.append({"function": function, "problem": p["name"], "impls": results, "orders": orders})
-        for worker in workers.values():
+        for worker in [*workers.values(), *baselines.values()]:
             worker.ask("release")
-    for worker in workers.values():
+    for worker in [*workers.values(), *baselines.values()]:
         worker.close()
 
     out = pathlib.Path(args.out)

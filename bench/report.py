@@ -339,6 +339,24 @@ def default_pick_section(doc, groups):
     return out + [""]
 
 
+def baseline_section(doc, groups):
+    """Each case of compare.py --baseline's other build beside the same case of this one."""
+    rows = []
+    for (function, problem), group in groups.items():
+        for impl in timed(group):
+            before = impl.replace("@baseline", "", 1)
+            if "@baseline" in impl and group.get(before, {}).get("ms"):
+                rows.append(f"| {problem} | {function} | {before} | {median(group[impl]['ms']):.3f} | "
+                            f"{median(group[before]['ms']):.3f} | {ratio(group, impl, before)} |")
+    if not rows:
+        return []
+    return ["## This build against the baseline build (paired)", "",
+            "The same case of the two attn_bench builds (compare.py --baseline), in the same rounds: the "
+            "baseline's time / this build's (> 1: this build is faster).", "",
+            "| problem | function | implementation | baseline ms | ms | speedup |", "|---|---|---|---|---|---|",
+            *rows, ""]
+
+
 def markdown(doc):
     c = doc["context"]
     groups = {(group_function(g), g["problem"]): g["impls"] for g in doc["groups"]}
@@ -368,6 +386,7 @@ def markdown(doc):
     out += default_pick_section(doc, groups)
     out += autotuned_section(doc, groups)
     out += scaling_section(doc, groups)
+    out += baseline_section(doc, groups)
     out += stages_section(doc, groups)
     out += stage_precision_section(doc, groups)
     return "\n".join(out) + "\n"

@@ -110,6 +110,19 @@ check(sorted(impls) == ["manual_sse41@1t", "manual_sse41@2t"], f"one case per th
 check(all(len(r["ms"]) == rounds for r in impls.values()), "every count timed in every round")
 check("Strong scaling" in (work / "scaling" / "comparison.md").read_text(), "the report shows the scaling")
 
+# Two builds (--baseline; here the same one twice): each case of both in every round, the
+# baseline's apart from the variants (never ranked or picked), and the table pairing them.
+subprocess.run([sys.executable, str(root / "bench/compare.py"), "--bench", bench, "--baseline", bench,
+                "--out", str(work / "baseline"), "--rounds", str(rounds), "--min-time", "0.005", "--pause", "0",
+                "--filter", "attention_layer/manual_sse41/b1_s128_h384_n12$", "--no-chart"], check=True)
+doc = json.loads((work / "baseline" / "comparison.json").read_text())
+impls = doc["groups"][0]["impls"]
+check(sorted(impls) == ["manual_sse41", "manual_sse41@baseline"] and impls["manual_sse41@baseline"]["kind"] ==
+      "baseline" and all(len(r["ms"]) == rounds and r.get("max_error", 1) < 1e-4 for r in impls.values()),
+      f"a case of each build, checked and timed every round: {impls}")
+check("| b1_s128_h384_n12 | attention_layer | manual_sse41 |" in (work / "baseline" / "comparison.md").read_text(),
+      "the report pairs the builds' cases")
+
 # The fp32 and int8 peers of the same layer, where this Python has PyTorch and ONNX Runtime
 # (.venv-peers), at 1 and 2 threads beside a variant: each checked against the float64
 # reference before it is timed, the int8 ones within INT8_TOLERANCE and further off than fp32's
@@ -138,4 +151,4 @@ if any(name.rsplit("@", 1)[0] in ("pytorch", "onnxruntime") for name in peers):
           "| attention_layer | manual_sse41@1t |" in table and "| attention_layer | manual_sse41@2t |" in table,
           "the variant against the fastest fp32 peer of its own thread count")
 print("compare: interleaved rounds complete, paired and rotating; statistics right; scaling across thread counts, "
-      "peers included; reduced-precision peers checked and apart")
+      "two builds paired, peers included; reduced-precision peers checked and apart")
