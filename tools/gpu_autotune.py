@@ -69,12 +69,14 @@ MANIFEST = manifest_lib.load()
 BUNDLE_LIMIT_BYTES = 48 * 1024 * 1024
 
 
-def search_space(function, isa, seed, max_candidates):
+def search_space(function, isa, seed, max_candidates, values=None):
     """The candidates' parameters in search order: the defaults first, then the rest shuffled
     with `seed`; at most max_candidates (0: all). On a GPU ISA, the product of each GPU
     parameter's gpu_search values (its default alone where it has none); on a CPU ISA (the
     GPU machine's host), the CPU tuner's space of the hand-written schedule
-    (tools/autotune.py manual_candidates: the ISA's register tiles and each search value)."""
+    (tools/autotune.py manual_candidates: the ISA's register tiles and each search value).
+    `values` ({name: [value, ...]}) keeps only the candidates whose named parameters take
+    those values (the defaults stay first whatever they are: the others are timed against them)."""
     if MANIFEST.isas[isa]["device"] == "cpu":
         import autotune  # here only
         default, *rest = [params for _, params in autotune.manual_candidates(function, isa)]
@@ -85,6 +87,11 @@ def search_space(function, isa, seed, max_candidates):
         axes = [MANIFEST.manual_parameters[n].get("gpu_search", [default[n]]) for n in names]
         rest = [dict(zip(names, values)) for values in itertools.product(*axes)]
         rest = [p for p in rest if p != default]
+    for name, allowed in (values or {}).items():
+        if name not in default:
+            sys.exit(f"--values {name}: not a parameter of {function}'s schedule for {isa}: expected one of "
+                     + ", ".join(sorted(default)))
+        rest = [p for p in rest if p[name] in allowed]
     random.Random(seed).shuffle(rest)
     space = [default] + rest
     return space[:max_candidates] if max_candidates else space
@@ -138,7 +145,7 @@ def bundle(args):
         if not ptxas:
             sys.exit("bundle: ptxas not found (the CUDA toolkit, or --ptxas PATH): a CUDA candidate must be "
                      "assembled to be kept")
-    space = search_space(function, args.isa, args.seed, args.max_candidates)
+    space = search_space(function, args.isa, args.seed, args.max_candidates, args.values)
     print(f"bundle: {function} for {args.isa} ({target}): {len(space)} candidates, {args.jobs} compile jobs, "
           f"into {out}", flush=True)
 
@@ -420,6 +427,9 @@ def main():
     b.add_argument("--problems", nargs="+", help="problems instead of the class's, for one shape class")
     b.add_argument("--max-candidates", type=int, default=0, help="at most this many (0: the whole space)")
     b.add_argument("--seed", type=int, default=1, help="order of the non-default candidates")
+    b.add_argument("--values", nargs="+", default=[], metavar="NAME=V1,V2",
+                   help="only the candidates whose parameter NAME takes one of these values (an A/B of a few "
+                        "parameters instead of a sample of the whole space)")
     b.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="compiles at once")
     b.add_argument("--compile-timeout", type=float, default=600)
     b.add_argument("--generator", required=True, help="the build's attn_generators")
@@ -450,6 +460,12 @@ def main():
     args = parser.parse_args()
     if args.step == "bundle" and args.problems and len(args.shape_classes) != 1:
         parser.error("--problems replaces the problems of one shape class: give one with --shape-classes")
+    if args.step == "bundle":
+        try:
+            args.values = {name: [int(v) for v in allowed.split(",")]
+                           for name, allowed in (item.split("=", 1) for item in args.values)}
+        except ValueError:
+            parser.error(f"--values: expected NAME=V1,V2 with integer values, got {' '.join(args.values)}")
     {"bundle": bundle, "measure": measure, "freeze": freeze, "families": families}[args.step](args)
 
 

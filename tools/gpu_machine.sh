@@ -43,6 +43,11 @@
 #                                      case (default $traced) run alone by attn_bench under the
 #                                      CUPTI tracer (bench/kernel_trace.cpp), summarized by
 #                                      tools/gpu_trace.py into trace/trace.md
+#   tools/gpu_machine.sh ncu [REGEX]   there: Nsight Compute's counters (speed of light, memory,
+#                                      occupancy, warp stalls) on a few kernels of each case
+#                                      (default $profiled_kernels: the packed and padded batch's Q
+#                                      projection, the flash core short and long), one
+#                                      attn_bench process per case: ncu/<case>.txt
 #   tools/gpu_machine.sh bench PART    there: the interleaved comparison, PART one of
 #                                      layer-short (fused layer, S <= 512), layer-long
 #                                      (S >= 2048), stages (each stage alone), core (the
@@ -90,7 +95,7 @@ profile_filter='^attention_layer/manual_avx512_(skylake|zen4)(_bf16|_int8)?/b1_s
 # the flash core changed (7 min, 40 candidates).
 campaign=(
   "9|machine;test cuda;tune attention_layer;tune attention_scores masked_softmax weighted_sum qkv_projection output_layernorm;test avx512|the GPU, driver and host CPU; every CUDA variant against the reference; every function's candidates checked and timed, the fused layer's beside PyTorch eager, SDPA and the cuBLAS roofline (tune/); every AVX-512 variant on the host CPU"
-  "5|bench layer;bench core;bench stages;bench cpu;python;trace|(after freeze and pack here) the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors; each CUDA call's time kernel by kernel and the host's around it (trace/: last, since its tracer has not run on a GPU yet)"
+  "6|bench layer;bench core;bench stages;bench cpu;python;ncu;trace|(after freeze and pack here) the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors; Nsight Compute's counters on the packed and padded projections and the flash core (ncu/); each CUDA call's time kernel by kernel and the host's around it (trace/)"
   "9|profile;tune --isa avx512_skylake attention_layer;tune --isa avx512_skylake attention_scores masked_softmax weighted_sum qkv_projection output_layernorm|(needs tools/gpu_machine.sh bundles avx512_skylake here; the next session's first call if this one has no minutes left) where the host CPU's time goes at 1 to all its threads (profile/); the host CPU's candidates checked and timed on all its threads, the fused layer's beside ONNX Runtime and PyTorch (tune-avx512_skylake/): freeze then makes autotuned_avx512_skylake"
 )
 # What a GPU comparison times: the hand-written and tuned CUDA variants and the peers (the
@@ -100,6 +105,12 @@ compared='(manual_cuda|autotuned_cuda|pytorch_eager|pytorch_sdpa|pytorch_sdpa_bf
 # What the trace step traces: the fused layer short, padded, packed (its packed batch took 4.3x
 # the padded one's time on the H200 of 2026-11-26, unexplained) and long, the core long.
 traced='^attention_layer/(manual|autotuned)_cuda/(b1_s128_h768_n12|b8_s128_h768_n12_pad|b8_s128_h768_n12_varlen|b32_s384_h768_n12_varlen|b1_s2048_h768_n12)$|^attention_core/manual_cuda/b1_s2048_h768_n12$'
+
+# What the ncu step profiles: the packed B=8 S=128 batch's projections took 5.7x the padded
+# batch's time each on the H200 of 2026-11-27 with the same PTX (the trace step), and the flash
+# core is 75% of the layer at S=2048; ncu_kernels names the kernels (Q's projection, the core).
+profiled_kernels='^attention_layer/manual_cuda/(b8_s128_h768_n12_pad|b8_s128_h768_n12_varlen)$|^attention_core/manual_cuda/(b1_s384_h768_n12|b1_s2048_h768_n12)$'
+ncu_kernels='regex:_kernel_(q_s0_batch|block_result_s0)'
 
 # OpenBLAS 0.3.21 does not know the newest CPUs (Sapphire Rapids) and falls back to its
 # Prescott kernels, which made the roofline of the 2026-11-23 host meaningless: name the
@@ -341,6 +352,27 @@ trace)
   xz -T0 -f "$out"/trace/*.jsonl 2>/dev/null || true  # the raw records, a few MB each, kept compressed
   exit "$status"
   ;;
+ncu)
+  # Each case alone, its matching kernels profiled once after two calls' worth of launches
+  # (the first call JIT-compiles), at the GPU's own clocks (--clock-control none: the counters
+  # of a kernel as the benchmark runs it).
+  export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  filter="${1:-$profiled_kernels}"
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1 || true)
+  [[ -n "$ncu" ]] || { echo "ncu: Nsight Compute is not on this machine" >&2; exit 1; }
+  rm -rf "$out/ncu" && mkdir -p "$out/ncu"
+  mapfile -t cases < <("$carry/attn_bench" --benchmark_list_tests --benchmark_filter="$filter")
+  ((${#cases[@]})) || { echo "ncu: no case matches $filter" >&2; exit 1; }
+  for case in "${cases[@]}"; do
+    file="$out/ncu/${case//\//__}.txt"
+    timeout -k 5 120 "$ncu" --clock-control none -k "$ncu_kernels" --launch-skip 4 --launch-count 2 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+      "$carry/attn_bench" --benchmark_filter="^$case\$" --benchmark_min_time=0.05 > "$file" 2>&1 ||
+      { echo "ncu: $case failed:"; tail -5 "$file"; }
+  done
+  grep -h -E '^  [a-z_].*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Block Limit|L1/TEX Hit|L2 Hit|Mem Busy|Issued Ipc' "$out"/ncu/*.txt | head -120
+  ;;
 bench)
   export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   openblas_kernels
@@ -366,7 +398,7 @@ bench)
   esac
   ;;
 *)
-  echo "usage: tools/gpu_machine.sh [--out DIR] pack|bundles [ISA]|campaign|call N|machine|test|tune [--isa ISA] FUNCTION...|python|profile|trace [REGEX]|bench PART|freeze [ISA]" >&2
+  echo "usage: tools/gpu_machine.sh [--out DIR] pack|bundles [ISA]|campaign|call N|machine|test|tune [--isa ISA] FUNCTION...|python|profile|trace [REGEX]|ncu [REGEX]|bench PART|freeze [ISA]" >&2
   exit 2
   ;;
 esac

@@ -16,13 +16,14 @@ tool="$root/tools/gpu_autotune.py"
 rm -rf "$work" && mkdir -p "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 
-# Two candidates of qkv_projection for ISA bundled, the archive alone unpacked elsewhere (what
-# the GPU machine gets), each candidate checked and timed, the winner frozen into a scratch
-# folder.
+# Two candidates of qkv_projection for ISA bundled (bundle's further options after the ISA),
+# the archive alone unpacked elsewhere (what the GPU machine gets), each candidate checked and
+# timed, the winner frozen into a scratch folder.
 rehearse() {
   local isa="$1"
+  shift
   "$python" "$tool" bundle --isa "$isa" --function qkv_projection --shape-classes short \
-    --problems b1_s128_h384_n12 --max-candidates 2 --generator "$generators" --out "$work/$isa/qkv_projection"
+    --problems b1_s128_h384_n12 --max-candidates 2 --generator "$generators" --out "$work/$isa/qkv_projection" "$@"
   [[ -f "$work/$isa/qkv_projection.tar.xz" ]] || fail "$isa: no packed bundle"
   compiled=$("$python" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(sum(c["status"] == "compiled" for c in d["candidates"]))' \
     "$work/$isa/qkv_projection/bundle.json")
@@ -33,10 +34,13 @@ rehearse() {
   "$python" "$tool" freeze --bundle "$work/$isa/qkv_projection" --results "$work/results-$isa" --tuned-dir "$work/tuned"
 }
 
-rehearse opencl
-"$python" - "$work/tuned/opencl" <<'PY'
+# (--values: the candidate beside the default splits the reduction in 4, as asked.)
+rehearse opencl --values gpu_split_k=4
+"$python" - "$work/tuned/opencl" "$work/opencl/qkv_projection/bundle.json" <<'PY'
 import json, pathlib, sys
 folder = pathlib.Path(sys.argv[1])
+default, other = json.loads(pathlib.Path(sys.argv[2]).read_text())["candidates"]
+assert default["params"]["gpu_split_k"] == 1 and other["params"]["gpu_split_k"] == 4, (default, other)
 tuned = json.loads((folder / "qkv_projection.json").read_text())
 provenance = json.loads((folder / "qkv_projection.provenance.json").read_text())
 [entry] = tuned["classes"]
@@ -49,6 +53,11 @@ assert len(timed) == 2 and all(c["median_ms"]["b1_s128_h384_n12"] > 0 for c in t
 assert entry["params"] in [c["params"] for c in timed], "the winner is not a timed candidate"
 print(f"frozen: {entry['params']}, {p['winner_time_over_default']} of the default's time")
 PY
+
+# --values naming no parameter of the function's schedule is refused, naming it.
+if message=$("$python" "$tool" bundle --isa opencl --function qkv_projection --values query_block=16 \
+    --generator "$generators" --out "$work/refused" 2>&1); then fail "--values query_block was accepted"; fi
+[[ "$message" == *"--values query_block: not a parameter of qkv_projection"* ]] || fail "unexpected refusal: $message"
 
 # A CPU ISA, as the GPU machine's host CPU is tuned (there avx512_skylake; here sse41, which
 # every x86-64 CPU runs): the CPU tuner's space, each candidate timed on all threads, and
