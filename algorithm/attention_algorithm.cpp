@@ -294,7 +294,9 @@ OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b
         n.projection = n.rounded.out;
     }
     n.dense = Func{"dense"};
-    n.dense(o, s, b) = residual(o, s, b) + b_o(o) + n.projection(o, s, b);
+    // (The residual's row clamped, as the projection's reads are, so that a schedule may compute
+    // whole tiles of rows past the last.)
+    n.dense(o, s, b) = residual(o, last(s, tokens), b) + b_o(o) + n.projection(o, s, b);
 
     n.row = RDom(0, hidden, "row");
     Expr inv_hidden = 1.0f / cast<float>(hidden);

@@ -57,7 +57,6 @@ public:
     Halide::GeneratorParam<int> gpu_col_threads = manual_parameter("gpu_col_threads");
     Halide::GeneratorParam<int> gpu_row_threads = manual_parameter("gpu_row_threads");
     Halide::GeneratorParam<int> gpu_split_k = manual_parameter("gpu_split_k");
-    Halide::GeneratorParam<int> gpu_partition = manual_parameter("gpu_partition");
 
     attn_sched::CpuTiling tiling() const {
         const attn_gen::Blocking b = blocking();
@@ -71,8 +70,7 @@ public:
         return {attn_sched::manual_parameter_for(t, "gpu_thread_rows", gpu_thread_rows),
                 attn_sched::manual_parameter_for(t, "gpu_col_threads", gpu_col_threads),
                 attn_sched::manual_parameter_for(t, "gpu_row_threads", gpu_row_threads),
-                attn_sched::manual_parameter_for(t, "gpu_split_k", gpu_split_k),
-                attn_sched::manual_parameter_for(t, "gpu_partition", gpu_partition) != 0};
+                attn_sched::manual_parameter_for(t, "gpu_split_k", gpu_split_k)};
     }
     attn_gen::Blocking blocking() const {
         const Halide::Target &t = this->get_target();
@@ -114,7 +112,6 @@ public:
                 break;
             case attn_sched::ScheduleKind::manual_gpu:
                 self.schedule_manual_gpu();
-                if (!this->gpu_tiling().partition) attn_sched::never_partition_everything(this->get_pipeline());
                 break;
             case attn_sched::ScheduleKind::frozen:
                 attn_sched::apply_frozen_schedule(function, schedule_source, this->get_pipeline(), this->get_target());

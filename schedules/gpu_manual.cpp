@@ -136,14 +136,23 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std:
 constexpr int kVector = 4;
 constexpr int kUnrollK = 8;
 
+// How a projection's rows are split into blocks. `whole` (a Func inside the pipeline, whose
+// reads of its rows the algorithm clamps): every block a whole tile, the Func's buffer rounded
+// up (TailStrategy::RoundUp). Otherwise (a pipeline's output, or rows that are an RVar) the
+// last block is guarded, and Halide compiles that block apart, one multiply-add at a time
+// behind its bounds checks: on an H100 such a block of a packed batch's projection (683 token
+// rows) took 5.5x the time of the whole kernel of a padded batch's 1024 rows (ncu, 2026-11-28).
+enum class Rows { guarded, whole };
+
 // `stage` (of a compute_root Func) tiled over (col, row, batch): a block of t.col_threads ×
 // t.row_threads threads, each kVector columns by t.thread_rows rows, unrolled. Returns the
 // innermost thread loop's variable, where a thread's tile is computed.
-Var tile_stage(Stage stage, const Var &col, VarOrRVar row, const Var &batch, const GpuTiling &t) {
+Var tile_stage(Stage stage, const Var &col, VarOrRVar row, const Var &batch, const GpuTiling &t, Rows rows) {
     Var co{"co"}, ci{"ci"}, ct{"ct"}, cv{"cv"};
     VarOrRVar ro("ro", row.is_rvar), ri("ri", row.is_rvar), rt("rt", row.is_rvar), ru("ru", row.is_rvar);
+    const TailStrategy row_tail = rows == Rows::whole && !row.is_rvar ? TailStrategy::RoundUp : kGuard;
     stage.split(col, co, ci, kVector * t.col_threads, kGuard)
-        .split(row, ro, ri, t.thread_rows * t.row_threads, kGuard)
+        .split(row, ro, ri, t.thread_rows * t.row_threads, row_tail)
         .split(ci, ct, cv, kVector)
         .split(ri, rt, ru, t.thread_rows)
         .reorder(cv, ru, ct, rt, co, ro, batch)
@@ -173,8 +182,8 @@ Stage last_stage(Func f) { return f.has_update_definition() ? Stage(f.update()) 
 // first) accumulated in registers: k's first RVar unrolled by kUnrollK. `product_row` is
 // product's own row (its second argument where the stage's row is an RVar).
 void register_tile(Func owner, Func product, const Var &col, VarOrRVar row, const Var &batch,
-                   const Var &product_row, const std::vector<RVar> &k, const GpuTiling &t) {
-    tile_in_registers(product, owner, tile_stage(last_stage(owner), col, row, batch, t), col, product_row, t);
+                   const Var &product_row, const std::vector<RVar> &k, const GpuTiling &t, Rows rows) {
+    tile_in_registers(product, owner, tile_stage(last_stage(owner), col, row, batch, t, rows), col, product_row, t);
     std::vector<VarOrRVar> order{col, product_row};
     RVar k_outer{"k_outer"}, k_inner{"k_inner"};
     Stage update = product.update();
@@ -185,8 +194,10 @@ void register_tile(Func owner, Func product, const Var &col, VarOrRVar row, cons
     update.reorder(order).unroll(col).unroll(product_row).unroll(k_inner);
 }
 
+// `rows`: how `out`'s rows are tiled (whole where it is inside the pipeline); a split
+// reduction's partial products are always inside it.
 void gpu_projection(Func out, Func product, Func weight_t, attn_gen::WeightLayout layout, const Var &col,
-                    VarOrRVar row, const Var &batch, const std::vector<RVar> &k, const GpuTiling &t) {
+                    VarOrRVar row, const Var &batch, const std::vector<RVar> &k, const GpuTiling &t, Rows rows) {
     // A weight prepared transposed is read in place (inlined: no kernel). Else W_t(col, k) =
     // W(k, col) per call, lanes along k: the reads coalesce, and the strided writes meet in
     // L2 (a weight is 2.25 MiB at H = 768) before they reach memory.
@@ -211,17 +222,18 @@ void gpu_projection(Func out, Func product, Func weight_t, attn_gen::WeightLayou
         Func partial = partial_product.in();
         const std::vector<Var> a = partial.args();  // (col, row, batch, part)
         partial.compute_root().fuse(a[2], a[3], part_batch);
-        register_tile(partial, partial_product, a[0], a[1], part_batch, partial_product.args()[1], tile_k, t);
+        register_tile(partial, partial_product, a[0], a[1], part_batch, partial_product.args()[1], tile_k, t,
+                      Rows::whole);
         // One batch and part a thread (fused into one block index, which bounds them loosely).
         partial_product.bound_extent(partial_product.args()[2], 1).bound_extent(part, 1);
         // The parts added in registers, within out's tile.
         out.compute_root();
-        tile_in_registers(product, out, tile_stage(last_stage(out), col, row, batch, t), col, product_row, t);
+        tile_in_registers(product, out, tile_stage(last_stage(out), col, row, batch, t, rows), col, product_row, t);
         product.update().reorder(col, product_row, k_part).unroll(col).unroll(product_row).unroll(k_part);
         return;
     }
     out.compute_root();
-    register_tile(out, product, col, row, batch, product_row, tile_k, t);
+    register_tile(out, product, col, row, batch, product_row, tile_k, t, rows);
 }
 
 // A reduction over one row (`row` is its first argument), computed at `block` for the
@@ -257,12 +269,14 @@ RowReduction warp_row_reduction(Func reduction, RVar along, const Var &row, Loop
 
 }  // namespace
 
-void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const GpuTiling &t) {
+void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const GpuTiling &t,
+                                 bool outputs_inside) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     // input(k, s, b) and weight_transposed(o, k) = weight(k, o): k is contiguous in both.
     for (attn_gen::Linear l : {q, k, v}) {
         const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(s);
-        gpu_projection(l.out, l.product, l.weight_transposed, l.weight_layout, o, rows, b, {l.k.x}, t);
+        gpu_projection(l.out, l.product, l.weight_transposed, l.weight_layout, o, rows, b, {l.k.x}, t,
+                       outputs_inside ? Rows::whole : Rows::guarded);
     }
 }
 
@@ -297,7 +311,7 @@ void schedule_weighted_sum_gpu(attn_gen::WeightedSum w) {
 void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm n, const GpuTiling &t) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     gpu_projection(n.dense, n.projection, n.weight_transposed, n.weight_layout, o, s, b,
-                   {n.in_feature.x, n.in_feature.y}, t);
+                   {n.in_feature.x, n.in_feature.y}, t, Rows::whole);
     Var so{"so"}, rt{"rt"}, oo{"oo"}, lane{"lane"};
     n.y.compute_root()
         .split(s, so, rt, kRowThreads, kGuard)
@@ -474,7 +488,7 @@ void schedule_key_end(Func key_end) {
 }  // namespace
 
 void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_output, const GpuTiling &t) {
-    schedule_qkv_projection_gpu(l.q, l.k, l.v, t);
+    schedule_qkv_projection_gpu(l.q, l.k, l.v, t, true);
     if (probs_are_output) {
         // The probabilities are an S×S output anyway: the stages' kernels, in sequence.
         schedule_attention_scores_gpu(l.scores);
@@ -505,16 +519,6 @@ void schedule_attention_core_gpu(attn_gen::FlashAttention flash, Func key_end, F
     const Var &e = dims.head_dim, &h = dims.head, &i = dims.query;
     Var feature{"feature"}, fo{"fo"}, fi{"fi"}, io{"io"}, ii{"ii"};
     out.compute_root().fuse(e, h, feature).gpu_tile(feature, i, fo, io, fi, ii, kLanes, kRowThreads, kGuard);
-}
-
-void never_partition_everything(Halide::Pipeline pipeline) {
-    std::vector<Internal::Function> outputs;
-    for (const Func &f : pipeline.outputs()) outputs.push_back(f.function());
-    for (const auto &named : Internal::build_environment(outputs)) {
-        Func f(named.second);
-        f.never_partition_all();
-        for (int u = 0; u < f.num_update_definitions(); ++u) f.update(u).never_partition_all();
-    }
 }
 
 }  // namespace attn_sched

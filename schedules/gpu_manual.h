@@ -39,16 +39,11 @@ struct GpuTiling {
     // The reduction split into split_k strided parts (input features k ≡ part mod split_k),
     // each part's partial products computed by their own blocks, then added.
     int split_k = 1;
-    // Whether Halide partitions the loops (its default: a steady state without bounds checks,
-    // and the edges); false: never_partition_everything.
-    bool partition = true;
 };
 
-// Func::never_partition_all on every stage of the pipeline's functions: each loop is one loop
-// with its bounds checks inside (GpuTiling::partition false).
-void never_partition_everything(Halide::Pipeline pipeline);
-
-void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const GpuTiling &tiling);
+// outputs_inside: Q, K and V are Funcs inside the pipeline (the fused layer's), not its outputs.
+void schedule_qkv_projection_gpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const GpuTiling &tiling,
+                                 bool outputs_inside = false);
 void schedule_attention_scores_gpu(attn_gen::Scores scores);
 void schedule_masked_softmax_gpu(attn_gen::MaskedSoftmax softmax);
 void schedule_weighted_sum_gpu(attn_gen::WeightedSum context);

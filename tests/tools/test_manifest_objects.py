@@ -60,8 +60,9 @@ check(key("cuda", "attention_layer", base) == key("cuda", "attention_layer", bas
       "a CUDA library given the GPU default query_block does not share the hand-written one's run")
 check(key("cuda", "attention_layer", base) == key("cuda", "attention_layer", base + ["query_block=0"]),
       "query_block=0 (the target's default) is not the default")
-check(key("cuda", "attention_layer", base) != key("cuda", "attention_layer", base + ["gpu_partition=0"]),
-      "gpu_partition=0 (a value, not the target's default) shares the default's run")
+check(key("cuda", "attention_layer", base) != key("cuda", "attention_layer", base + ["gpu_split_k=0"]),
+      "gpu_split_k=0 (a parameter with no target default: 0 is a value, refused by the generator) shares the "
+      "default's run")
 check(key("avx2", "attention_layer", base) != key("sse41", "attention_layer", base), "two targets share a run")
 check(key("avx2", "attention_layer", base) != key("avx2", "attention_layer", ["function=attention_core", "schedule=adams2019"]),
       "two schedule sources share a run")
