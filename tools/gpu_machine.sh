@@ -11,6 +11,13 @@
 #                                      stripped test and benchmark programs with the shared
 #                                      libraries they need into build/gpu-carry.tar.xz
 #                                      (about 10 MiB: carry it; the steps below unpack it)
+#   tools/gpu_machine.sh pack-baseline REV
+#                                      here: REV's hand-written and tuned CUDA variants built in
+#                                      a worktree, their attn_bench stripped into
+#                                      build/gpu-baseline.tar.xz (carry it beside the archive
+#                                      above), so that a comparison there pairs a change with
+#                                      the code before it: the bench step's GPU parts then
+#                                      time its cases too (<impl>@baseline)
 #   tools/gpu_machine.sh machine       there: the GPU, its driver and the host CPU
 #   tools/gpu_machine.sh test [SCOPE]  there: every CUDA variant against the reference
 #                                      (GPU runtime tests, device memory, long context;
@@ -135,6 +142,10 @@ openblas_kernels() {
 if [[ "$step" != pack && -f build/gpu-carry.tar.xz && build/gpu-carry.tar.xz -nt build/.gpu-carry.unpacked ]]; then
   rm -rf "$carry" && tar -C build -xJf build/gpu-carry.tar.xz && touch build/.gpu-carry.unpacked
 fi
+# There: a carried baseline build (pack-baseline), likewise.
+if [[ "$step" != pack-baseline && -f build/gpu-baseline.tar.xz && build/gpu-baseline.tar.xz -nt build/.gpu-baseline.unpacked ]]; then
+  rm -rf build/gpu-baseline && tar -C build -xJf build/gpu-baseline.tar.xz && touch build/.gpu-baseline.unpacked
+fi
 # There: the carried bundles, likewise (here build/gpu-tune also holds their folders).
 if [[ "$step" != bundles && -f build/gpu-tune.tar && build/gpu-tune.tar -nt build/.gpu-tune.unpacked ]]; then
   tar -C build -xf build/gpu-tune.tar && touch build/.gpu-tune.unpacked
@@ -174,6 +185,28 @@ pack)
     while read -r library; do cp -L "$library" "$carry/lib/"; done
   tar -C build -cf - gpu-carry | xz -T0 -6 > build/gpu-carry.tar.xz
   du -h build/gpu-carry.tar.xz
+  exit
+  ;;
+pack-baseline)
+  # (manual_sse41 too: attn_bench starts only where a variant runs on the CPU.) The libraries
+  # it needs are the carried archive's (the same toolchain): run it there with
+  # build/gpu-carry/lib on LD_LIBRARY_PATH, as the steps below do.
+  rev="${1:?usage: tools/gpu_machine.sh pack-baseline REV (a commit, branch or tag)}"
+  commit=$(git rev-parse --verify "$rev^{commit}")
+  source tools/setup.sh
+  tree="$PWD/build/gpu-baseline-src"
+  git worktree remove --force "$tree" 2>/dev/null || rm -rf "$tree"
+  git worktree add --detach "$tree" "$commit" >/dev/null
+  ln -s "$PWD/.venv" "$tree/.venv"  # the same pinned toolchain
+  (cd "$tree" && cmake --preset release -B "$PWD/../gpu-baseline-build" -DATTN_ONLY_VARIANTS='^(manual|autotuned)_cuda$|^manual_sse41$' \
+    -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_PYTHON=OFF >/dev/null)
+  cmake --build build/gpu-baseline-build --target attn_bench
+  rm -rf build/gpu-baseline && mkdir -p build/gpu-baseline
+  strip -o build/gpu-baseline/attn_bench build/gpu-baseline-build/bench/attn_bench
+  echo "$commit" > build/gpu-baseline/COMMIT
+  git worktree remove --force "$tree"
+  tar -C build -cJf build/gpu-baseline.tar.xz gpu-baseline
+  du -h build/gpu-baseline.tar.xz
   exit
   ;;
 bundles)
@@ -381,6 +414,8 @@ bench)
   compare=(python3 bench/compare.py --bench "$carry/attn_bench" --out "$out/$part" --no-chart)
   # Short samples: a GPU call takes microseconds to milliseconds, and the device time is scarce.
   gpu=(--device cuda --rounds 7 --min-time 0.05 --pause 0.02)
+  # A carried baseline build (pack-baseline) is timed beside this one in every GPU part.
+  [[ -x build/gpu-baseline/attn_bench ]] && gpu+=(--baseline build/gpu-baseline/attn_bench)
   long='_s(2048|4096|8192)_'
   case "$part" in
   layer) "${compare[@]}" "${gpu[@]}" --filter "^attention_layer/$compared/" "$@" ;;
@@ -398,7 +433,7 @@ bench)
   esac
   ;;
 *)
-  echo "usage: tools/gpu_machine.sh [--out DIR] pack|bundles [ISA]|campaign|call N|machine|test|tune [--isa ISA] FUNCTION...|python|profile|trace [REGEX]|ncu [REGEX]|bench PART|freeze [ISA]" >&2
+  echo "usage: tools/gpu_machine.sh [--out DIR] pack|pack-baseline REV|bundles [ISA]|campaign|call N|machine|test|tune [--isa ISA] FUNCTION...|python|profile|trace [REGEX]|ncu [REGEX]|bench PART|freeze [ISA]" >&2
   exit 2
   ;;
 esac
