@@ -52,11 +52,13 @@ public:
         "precision",
         Precision::fp32,
         {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"int8", Precision::int8}}};
-    // The GPU schedule's own: its projections' register tiles, blocks and reduction split.
+    // The GPU schedule's own: its projections' register tiles, blocks and reduction split, and
+    // the flash core's threads a query.
     Halide::GeneratorParam<int> gpu_thread_rows = manual_parameter("gpu_thread_rows");
     Halide::GeneratorParam<int> gpu_col_threads = manual_parameter("gpu_col_threads");
     Halide::GeneratorParam<int> gpu_row_threads = manual_parameter("gpu_row_threads");
     Halide::GeneratorParam<int> gpu_split_k = manual_parameter("gpu_split_k");
+    Halide::GeneratorParam<int> gpu_query_lanes = manual_parameter("gpu_query_lanes");
 
     attn_sched::CpuTiling tiling() const {
         const attn_gen::Blocking b = blocking();
@@ -70,7 +72,8 @@ public:
         return {attn_sched::manual_parameter_for(t, "gpu_thread_rows", gpu_thread_rows),
                 attn_sched::manual_parameter_for(t, "gpu_col_threads", gpu_col_threads),
                 attn_sched::manual_parameter_for(t, "gpu_row_threads", gpu_row_threads),
-                attn_sched::manual_parameter_for(t, "gpu_split_k", gpu_split_k)};
+                attn_sched::manual_parameter_for(t, "gpu_split_k", gpu_split_k),
+                attn_sched::manual_parameter_for(t, "gpu_query_lanes", gpu_query_lanes)};
     }
     attn_gen::Blocking blocking() const {
         const Halide::Target &t = this->get_target();

@@ -49,7 +49,7 @@ public:
         attn_sched::schedule_attention_core_cpu(flash_, key_end_, out_, this->tiling(), get_target());
     }
 
-    void schedule_manual_gpu() { attn_sched::schedule_attention_core_gpu(flash_, key_end_, out_); }
+    void schedule_manual_gpu() { attn_sched::schedule_attention_core_gpu(flash_, key_end_, out_, this->gpu_tiling()); }
 
 private:
     Func key_end_, out_;

@@ -327,19 +327,21 @@ void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm n, const GpuTiling 
 namespace {
 
 // The flash core (attn_gen::FlashAttention): a GPU block per (query block, head, batch)
-// walks the key blocks one after another, with kFlashLanes × query_block threads, so that
-// each query has kFlashLanes threads (one query per thread left an H200 with about 6 warps
-// an SM at S = 2048: 0.14x PyTorch SDPA's speed). For each key block, barrier-separated
+// walks the key blocks one after another, with `lanes` × query_block threads, so that
+// each query has `lanes` threads (GpuTiling::query_lanes, 16 by default; one query per thread
+// left an H200 with about 6 warps an SM at S = 2048: 0.14x PyTorch SDPA's speed). Fewer lanes
+// give each thread more keys and features, so more multiply-adds per load from shared memory
+// and L1, which bound the core on an H100 (Nsight Compute, 2026-11-28), in fewer threads. For each key block, barrier-separated
 // phases over the block's threads:
 // 1. Q·Kᵀ for its queries, a slice of the head dimension's features at a time: the slice's
 //    K tile staged in shared memory by the whole block, each thread the dot products of
-//    key_chunk / kFlashLanes adjacent keys of its query in registers (one vector load of K
+//    key_chunk / lanes adjacent keys of its query in registers (one vector load of K
 //    per feature, conflict-free across the lanes; Q's value a broadcast), added to the
 //    block's `dot`;
-// 2. the scores (scale and bias), a thread per key_chunk / kFlashLanes keys of a query;
+// 2. the scores (scale and bias), a thread per key_chunk / lanes keys of a query;
 // 3. the exponentials, likewise, each thread taking its query's max over the block itself
 //    from the scores in shared memory (broadcast reads: no barrier and no idle threads for it);
-// 4. the running (context, max, sum) updated by each thread for slice / kFlashLanes features
+// 4. the running (context, max, sum) updated by each thread for slice / lanes features
 //    of its query, the block's sum and its weighted sum of V (the V tile staged in shared
 //    memory, lanes along the features) computed in registers beside it.
 // The running state stays in shared memory, 12 bytes per feature of the slice and query:
@@ -349,26 +351,29 @@ namespace {
 // slice takes several passes over the keys, each computing the scores again for its
 // features. Nothing of size S_q × S_k, memory O(S). Registers: manifest.json's
 // gpu_max_registers.
-constexpr int kFlashLanes = 16;
 constexpr int kMaxFeaturesPerSlice = 64;
 constexpr int kMaxThreads = 512;
-void schedule_flash_core(attn_gen::FlashAttention f) {
+void schedule_flash_core(attn_gen::FlashAttention f, int lanes) {
     // At most 512 threads a block: a thread holds about 110 registers (ptxas, sm_90), and a
     // block must fit an SM's 65536.
     const int queries = f.blocking.query_block;
-    if (queries > kMaxThreads / kFlashLanes)
+    if (lanes < 4 || lanes > 32 || (lanes & (lanes - 1)) != 0)
+        throw CompileError("gpu_query_lanes=" + std::to_string(lanes) +
+                           ": the flash core's threads a query split its 32-key chunks and its features evenly: "
+                           "expected 4, 8, 16 or 32");
+    if (queries > kMaxThreads / lanes)
         throw CompileError("query_block=" + std::to_string(queries) + ": a GPU block of the flash core runs " +
-                           std::to_string(kFlashLanes) + " threads a query, at most " + std::to_string(kMaxThreads) +
-                           ": expected 1 to " + std::to_string(kMaxThreads / kFlashLanes));
+                           std::to_string(lanes) + " threads a query (gpu_query_lanes), at most " +
+                           std::to_string(kMaxThreads) + ": expected 1 to " + std::to_string(kMaxThreads / lanes));
     int slice_features = kMaxFeaturesPerSlice;
-    while (slice_features > kFlashLanes && slice_features * queries > 1024) slice_features /= 2;
-    const int features_per_lane = slice_features / kFlashLanes;
+    while (slice_features > lanes && slice_features * queries > 1024) slice_features /= 2;
+    const int features_per_lane = slice_features / lanes;
     const Var &e = dims.head_dim, &h = dims.head, &b = dims.batch;
     const Var &qi = dims.query_in_block, &kl = dims.key_in_chunk, &kc = dims.key_chunk;
     const Var &qb = dims.query_block, &kb = dims.key_block, &j = dims.key;
     const RVar &lane = f.key_in_block.x, &chunk = f.key_in_block.y, &key_block = f.key_blocks.x;
     const int chunks = f.blocking.chunks(), chunk_keys = f.blocking.key_chunk;
-    const int keys_per_lane = std::max(1, chunk_keys / kFlashLanes);
+    const int keys_per_lane = std::max(1, chunk_keys / lanes);
     Var eb{"eb"}, ei{"ei"}, et{"feature_lane"}, ev{"feature_vector"};
     Var kt{"key_lane"}, kv{"key_vector"};
     RVar lane_thread{"lane_thread"}, lane_vector{"lane_vector"};
@@ -434,7 +439,7 @@ void schedule_flash_core(attn_gen::FlashAttention f) {
     keys.compute_at(slice_step)
         .store_in(MemoryType::GPUShared)
         .bound_extent(e, slice_features)
-        .split(j, jo, jt, kFlashLanes, kGuard)
+        .split(j, jo, jt, lanes, kGuard)
         .split(e, eo, er, f.blocking.query_block, kGuard)
         .reorder(jo, eo, jt, er)
         .gpu_threads(jt, er);
@@ -473,7 +478,7 @@ void schedule_flash_core(attn_gen::FlashAttention f) {
     f.block_context.update().reorder(e, lane, chunk).vectorize(e).unroll(lane).unroll(chunk);
     values.compute_at(block_step)
         .store_in(MemoryType::GPUShared)
-        .split(e, eo, et, kFlashLanes, kGuard)
+        .split(e, eo, et, lanes, kGuard)
         .split(j, jo, jt, f.blocking.query_block, kGuard)
         .reorder(eo, jo, et, jt)
         .gpu_threads(et, jt);
@@ -496,7 +501,7 @@ void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_out
         schedule_weighted_sum_gpu(l.context);
     } else {
         if (!l.packed.defined()) schedule_key_end(l.key_end);  // packed: each sequence's length, two loads inlined
-        schedule_flash_core(l.flash);
+        schedule_flash_core(l.flash, t.query_lanes);
     }
     if (l.packed.defined()) {
         // Each token row's sequence (a thread per row counting the starts before it), and the
@@ -512,9 +517,9 @@ void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_out
     schedule_output_layernorm_gpu(l.output, t);
 }
 
-void schedule_attention_core_gpu(attn_gen::FlashAttention flash, Func key_end, Func out) {
+void schedule_attention_core_gpu(attn_gen::FlashAttention flash, Func key_end, Func out, const GpuTiling &t) {
     schedule_key_end(key_end);
-    schedule_flash_core(flash);
+    schedule_flash_core(flash, t.query_lanes);
     // The output copies the core's context: lanes along the features (head_dim, head).
     const Var &e = dims.head_dim, &h = dims.head, &i = dims.query;
     Var feature{"feature"}, fo{"fo"}, fi{"fi"}, io{"io"}, ii{"ii"};

@@ -39,6 +39,8 @@ struct GpuTiling {
     // The reduction split into split_k strided parts (input features k ≡ part mod split_k),
     // each part's partial products computed by their own blocks, then added.
     int split_k = 1;
+    // The flash core's threads a query (a power of 2, at most its key_chunk and slice).
+    int query_lanes = 16;
 };
 
 // outputs_inside: Q, K and V are Funcs inside the pipeline (the fused layer's), not its outputs.
@@ -51,6 +53,7 @@ void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm output, const GpuTi
 void schedule_attention_layer_gpu(attn_gen::AttentionLayer layer, bool probs_are_output, const GpuTiling &tiling);
 // The attention core alone: the flash core, key_end (each batch's last real key) and `out`,
 // the generator's copy of its context.
-void schedule_attention_core_gpu(attn_gen::FlashAttention flash, Halide::Func key_end, Halide::Func out);
+void schedule_attention_core_gpu(attn_gen::FlashAttention flash, Halide::Func key_end, Halide::Func out,
+                                 const GpuTiling &tiling);
 
 }  // namespace attn_sched

@@ -21,13 +21,19 @@ if (NOT ATTN_SANITIZE AND NOT CMAKE_CROSSCOMPILING)
 endif ()
 
 # The GPU flash core refuses more queries a block than its threads allow (16 a query, at most
-# 512 a block), naming query_block, when the build's manual_cuda core is generated with 64.
+# 512 a block), naming query_block, when the build's manual_cuda core is generated with 64;
+# and threads a query that do not split its 32-key chunks evenly, naming gpu_query_lanes.
 if (NOT ATTN_SANITIZE AND NOT CMAKE_CROSSCOMPILING AND DEFINED ATTN_LIBRARY_attn_attention_core_manual_cuda)
     cmake_parse_arguments(core "" "GENERATOR" "PARAMS" ${ATTN_LIBRARY_attn_attention_core_manual_cuda})
-    add_test(NAME gpu_flash_core.refuses_too_many_queries
-             COMMAND $<TARGET_FILE:${ATTN_GENERATORS}> -n refused -d 0 -g ${core_GENERATOR} -f refused -e c_header
-                     -o "${CMAKE_CURRENT_BINARY_DIR}/refused" target=${ATTN_ISA_cuda_TARGET}-no_runtime ${core_PARAMS}
-                     query_block=64)
-    set_tests_properties(gpu_flash_core.refuses_too_many_queries PROPERTIES PASS_REGULAR_EXPRESSION
-                         "query_block=64: a GPU block of the flash core runs 16 threads a query, at most 512: expected 1 to 32")
+    function(core_refuses name param expected)
+        add_test(NAME gpu_flash_core.${name}
+                 COMMAND $<TARGET_FILE:${ATTN_GENERATORS}> -n refused -d 0 -g ${core_GENERATOR} -f refused -e c_header
+                         -o "${CMAKE_CURRENT_BINARY_DIR}/refused" target=${ATTN_ISA_cuda_TARGET}-no_runtime ${core_PARAMS}
+                         ${param})
+        set_tests_properties(gpu_flash_core.${name} PROPERTIES PASS_REGULAR_EXPRESSION "${expected}")
+    endfunction()
+    core_refuses(refuses_too_many_queries query_block=64
+                 "query_block=64: a GPU block of the flash core runs 16 threads a query \\(gpu_query_lanes\\), at most 512: expected 1 to 32")
+    core_refuses(refuses_uneven_lanes gpu_query_lanes=12
+                 "gpu_query_lanes=12: the flash core's threads a query split its 32-key chunks and its features evenly: expected 4, 8, 16 or 32")
 endif ()
