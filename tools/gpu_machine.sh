@@ -139,20 +139,21 @@ openblas_kernels() {
   fi
 }
 
-# There: the carried archive, unpacked once.
+# There: each carried archive, unpacked once, unless this step is the one that makes it here.
 # A warm machine keeps what an earlier call unpacked: a newer archive (pack again between
-# calls) is unpacked again; the stamp says when the last one was.
-if [[ "$step" != pack && -f build/gpu-carry.tar.xz && build/gpu-carry.tar.xz -nt build/.gpu-carry.unpacked ]]; then
-  rm -rf "$carry" && tar -C build -xJf build/gpu-carry.tar.xz && touch build/.gpu-carry.unpacked
-fi
-# There: a carried baseline build (pack-baseline), likewise.
-if [[ "$step" != pack-baseline && -f build/gpu-baseline.tar.xz && build/gpu-baseline.tar.xz -nt build/.gpu-baseline.unpacked ]]; then
-  rm -rf build/gpu-baseline && tar -C build -xJf build/gpu-baseline.tar.xz && touch build/.gpu-baseline.unpacked
-fi
-# There: the carried bundles, likewise (here build/gpu-tune also holds their folders).
-if [[ "$step" != bundles && -f build/gpu-tune.tar && build/gpu-tune.tar -nt build/.gpu-tune.unpacked ]]; then
-  tar -C build -xf build/gpu-tune.tar && touch build/.gpu-tune.unpacked
-fi
+# calls) is unpacked again; the stamp says when the last one was. unpack_carried ARCHIVE
+# MAKER [FOLDER]: FOLDER (what the archive holds) is emptied first, where given.
+unpack_carried() {
+  local archive="$1" maker="$2" folder="${3:-}" stamp
+  stamp="build/.$(basename "${1%%.tar*}").unpacked"
+  [[ "$step" != "$maker" && -f "$archive" && "$archive" -nt "$stamp" ]] || return 0
+  [[ -z "$folder" ]] || rm -rf "$folder"
+  tar -C build -xf "$archive" && touch "$stamp"
+}
+unpack_carried build/gpu-carry.tar.xz pack "$carry"
+unpack_carried build/gpu-baseline.tar.xz pack-baseline build/gpu-baseline
+# (Here build/gpu-tune also holds the bundles' folders: it is not emptied.)
+unpack_carried build/gpu-tune.tar bundles
 
 case "$step" in
 pack)
@@ -197,15 +198,15 @@ pack-baseline)
   rev="${1:?usage: tools/gpu_machine.sh pack-baseline REV (a commit, branch or tag)}"
   commit=$(git rev-parse --verify "$rev^{commit}")
   source tools/setup.sh
-  tree="$PWD/build/gpu-baseline-src"
+  tree="$PWD/build/gpu-baseline-src" built="$PWD/build/gpu-baseline-build"
   git worktree remove --force "$tree" 2>/dev/null || rm -rf "$tree"
   git worktree add --detach "$tree" "$commit" >/dev/null
   ln -s "$PWD/.venv" "$tree/.venv"  # the same pinned toolchain
-  (cd "$tree" && cmake --preset release -B "$PWD/../gpu-baseline-build" -DATTN_ONLY_VARIANTS='^(manual|autotuned)_cuda$|^manual_sse41$' \
+  (cd "$tree" && cmake --preset release -B "$built" -DATTN_ONLY_VARIANTS='^(manual|autotuned)_cuda$|^manual_sse41$' \
     -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_PYTHON=OFF >/dev/null)
-  cmake --build build/gpu-baseline-build --target attn_bench
+  cmake --build "$built" --target attn_bench
   rm -rf build/gpu-baseline && mkdir -p build/gpu-baseline
-  strip -o build/gpu-baseline/attn_bench build/gpu-baseline-build/bench/attn_bench
+  strip -o build/gpu-baseline/attn_bench "$built/bench/attn_bench"
   echo "$commit" > build/gpu-baseline/COMMIT
   git worktree remove --force "$tree"
   tar -C build -cJf build/gpu-baseline.tar.xz gpu-baseline
