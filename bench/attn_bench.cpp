@@ -24,7 +24,6 @@
 
 #include <benchmark/benchmark.h>
 #include <cblas.h>
-#include <dlfcn.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -49,33 +48,6 @@ void register_all(const std::vector<Case> &cases) {
             set_counters(state, work(c.function, c.problem->problem));
         })->Unit(benchmark::kMillisecond);  // the report reads real_time (wall clock)
     }
-}
-
-// --candidate=LIBRARY:SUFFIX:ISA: the functions attn_<function>_<SUFFIX> the library has.
-VariantInfo load_candidate(const std::string &spec) {
-    const std::size_t first = spec.find(':'), last = spec.rfind(':');
-    if (first == std::string::npos || first == last) {
-        throw Error("--candidate", "expected LIBRARY:SUFFIX:ISA, got '" + spec + "'");
-    }
-    const std::string library = spec.substr(0, first), suffix = spec.substr(first + 1, last - first - 1);
-    void *handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) throw Error("--candidate", std::string("cannot load ") + library + ": " + dlerror());
-    detail::FunctionTable functions;
-    for (const manifest::Function &f : manifest::kFunctions) {
-        const std::string symbol = "attn_" + std::string(f.name) + "_" + suffix;
-        detail::CompiledFunction compiled;
-        compiled.argv = reinterpret_cast<int (*)(void **)>(dlsym(handle, (symbol + "_argv").c_str()));
-        compiled.metadata =
-            reinterpret_cast<const halide_filter_metadata_t *(*)()>(dlsym(handle, (symbol + "_metadata").c_str()));
-        if (compiled.argv && compiled.metadata) functions[f.name] = {compiled};
-    }
-    if (functions.empty()) throw Error("--candidate", library + " has no function attn_<function>_" + suffix);
-    VariantInfo info;
-    info.name = "candidate_" + suffix;
-    info.schedule = "candidate";
-    info.isa = spec.substr(last + 1);
-    info.target = library;
-    return detail::register_variant(info, functions);
 }
 
 }  // namespace
@@ -104,7 +76,7 @@ int main(int argc, char **argv) {
         }
         if (is_candidate) {
             try {
-                variant_list.push_back(attn::bench::load_candidate(argv[i] + std::strlen(candidate_flag)));
+                variant_list.push_back(attn::detail::load_candidate(argv[i] + std::strlen(candidate_flag)));
             } catch (const attn::Error &e) {
                 std::fprintf(stderr, "attn_bench: %s\n", e.what());
                 return 1;

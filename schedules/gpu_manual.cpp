@@ -327,23 +327,26 @@ void schedule_output_layernorm_gpu(attn_gen::OutputLayerNorm n, const GpuTiling 
 namespace {
 
 // The flash core (attn_gen::FlashAttention): a GPU block per (query block, head, batch)
-// walks the key blocks one after another, with `lanes` × query_block threads, so that
-// each query has `lanes` threads (GpuTiling::query_lanes, 16 by default; one query per thread
-// left an H200 with about 6 warps an SM at S = 2048: 0.14x PyTorch SDPA's speed). Fewer lanes
-// give each thread more keys and features, so more multiply-adds per load from shared memory
-// and L1, which bound the core on an H100 (Nsight Compute, 2026-11-28), in fewer threads.
+// walks the key blocks one after another, with `lanes` × query_block / thread_queries
+// threads: each query has `lanes` threads (GpuTiling::query_lanes, 16 by default; one query
+// per thread left an H200 with about 6 warps an SM at S = 2048: 0.14x PyTorch SDPA's speed),
+// and each thread works for thread_queries queries at once (GpuTiling::thread_queries, 1 by
+// default). Fewer lanes give each thread more keys and features, and more queries a thread
+// reuse each value of K and V it loads: either way more multiply-adds per load from shared
+// memory and L1, which bound the core on an H100 (Nsight Compute, 2026-11-28), in fewer threads.
 // For each key block, barrier-separated phases over the block's threads:
 // 1. Q·Kᵀ for its queries, a slice of the head dimension's features at a time: the slice's
 //    K tile staged in shared memory by the whole block, each thread the dot products of
-//    key_chunk / lanes adjacent keys of its query in registers (one vector load of K
-//    per feature, conflict-free across the lanes; Q's value a broadcast), added to the
-//    block's `dot`;
-// 2. the scores (scale and bias), a thread per key_chunk / lanes keys of a query;
-// 3. the exponentials, likewise, each thread taking its query's max over the block itself
+//    key_chunk / lanes adjacent keys of its thread_queries queries in registers (one vector
+//    load of K per feature, conflict-free across the lanes, for all its queries; Q's values
+//    broadcasts), added to the block's `dot`;
+// 2. the scores (scale and bias), a thread per key_chunk / lanes keys of its queries;
+// 3. the exponentials, likewise, each thread taking its queries' max over the block itself
 //    from the scores in shared memory (broadcast reads: no barrier and no idle threads for it);
 // 4. the running (context, max, sum) updated by each thread for slice / lanes features
-//    of its query, the block's sum and its weighted sum of V (the V tile staged in shared
-//    memory, lanes along the features) computed in registers beside it.
+//    of its queries, the block's sums and its weighted sums of V (the V tile staged in shared
+//    memory, lanes along the features; each vector of V serving all its queries) computed in
+//    registers beside it.
 // The running state stays in shared memory, 12 bytes per feature of the slice and query:
 // the slice is 64 features up to 16 queries a block, halved while it times the queries is over 1024,
 // so that a block's shared memory, a constant whatever the head dimension, stays within the
@@ -353,18 +356,29 @@ namespace {
 // gpu_max_registers.
 constexpr int kMaxFeaturesPerSlice = 64;
 constexpr int kMaxThreads = 512;
-void schedule_flash_core(attn_gen::FlashAttention f, int lanes) {
+void schedule_flash_core(attn_gen::FlashAttention f, int lanes, int thread_queries) {
     // At most 512 threads a block: a thread holds about 110 registers (ptxas, sm_90), and a
     // block must fit an SM's 65536.
-    const int queries = f.blocking.query_block;
+    const int queries = f.blocking.query_block, tq = thread_queries;
     if (lanes < 4 || lanes > 32 || (lanes & (lanes - 1)) != 0)
         throw CompileError("gpu_query_lanes=" + std::to_string(lanes) +
                            ": the flash core's threads a query split its 32-key chunks and its features evenly: "
                            "expected 4, 8, 16 or 32");
-    if (queries > kMaxThreads / lanes)
-        throw CompileError("query_block=" + std::to_string(queries) + ": a GPU block of the flash core runs " +
-                           std::to_string(lanes) + " threads a query (gpu_query_lanes), at most " +
-                           std::to_string(kMaxThreads) + ": expected 1 to " + std::to_string(kMaxThreads / lanes));
+    if (tq != 1 && tq != 2 && tq != 4)
+        throw CompileError("gpu_thread_queries=" + std::to_string(tq) +
+                           ": the flash core's queries a thread, unrolled in its registers: expected 1, 2 or 4");
+    if (queries % tq != 0)
+        throw CompileError("query_block=" + std::to_string(queries) + ": the flash core's threads take " +
+                           std::to_string(tq) + " queries each (gpu_thread_queries): expected a multiple of " +
+                           std::to_string(tq));
+    if (queries / tq * lanes > kMaxThreads)
+        throw CompileError("query_block=" + std::to_string(queries) + ": a GPU block of the flash core runs query_block / " +
+                           "gpu_thread_queries × gpu_query_lanes threads (" + std::to_string(queries) + " / " +
+                           std::to_string(tq) + " × " + std::to_string(lanes) + "), at most " +
+                           std::to_string(kMaxThreads) + ": expected 1 to " + std::to_string(kMaxThreads / lanes * tq));
+    // The queries' threads: query_in_block split in query_thread (a thread index) and
+    // thread_query (unrolled in each thread's registers).
+    const int query_threads = queries / tq;
     int slice_features = kMaxFeaturesPerSlice;
     while (slice_features > lanes && slice_features * queries > 1024) slice_features /= 2;
     const int features_per_lane = slice_features / lanes;
@@ -374,7 +388,7 @@ void schedule_flash_core(attn_gen::FlashAttention f, int lanes) {
     const RVar &lane = f.key_in_block.x, &chunk = f.key_in_block.y, &key_block = f.key_blocks.x;
     const int chunks = f.blocking.chunks(), chunk_keys = f.blocking.key_chunk;
     const int keys_per_lane = std::max(1, chunk_keys / lanes);
-    Var eb{"eb"}, ei{"ei"}, et{"feature_lane"}, ev{"feature_vector"};
+    Var eb{"eb"}, ei{"ei"}, et{"feature_lane"}, ev{"feature_vector"}, qt{"query_thread"}, qv{"thread_query"};
     Var kt{"key_lane"}, kv{"key_vector"};
     RVar lane_thread{"lane_thread"}, lane_vector{"lane_vector"};
     // The kernel: block_result, the context by query block (ctx reads it by query, inlined
@@ -382,24 +396,30 @@ void schedule_flash_core(attn_gen::FlashAttention f, int lanes) {
     f.block_result.compute_root()
         .split(e, eb, ei, slice_features, kGuard)
         .split(ei, et, ev, features_per_lane)
-        .reorder(ev, et, qi, eb, qb, h, b)
+        .split(qi, qt, qv, tq)
+        .reorder(ev, qv, et, qt, eb, qb, h, b)
         .gpu_blocks(qb, h, b)
-        .gpu_threads(et, qi)
-        .unroll(ev);
+        .gpu_threads(et, qt)
+        .unroll(ev)
+        .unroll(qv);
     // The running state, whole tiles of features (the algorithm clamps reads past the head
     // dimension), the key blocks outside the threads, each thread updating its features.
     f.running.compute_at(f.block_result, eb)
         .store_in(MemoryType::GPUShared)
         .bound_extent(e, slice_features)
         .split(e, et, ev, features_per_lane)
-        .reorder(ev, et, qi)
-        .gpu_threads(et, qi)
-        .unroll(ev);
+        .split(qi, qt, qv, tq)
+        .reorder(ev, qv, et, qt)
+        .gpu_threads(et, qt)
+        .unroll(ev)
+        .unroll(qv);
     f.running.update()
         .split(e, et, ev, features_per_lane)
-        .reorder(ev, et, qi, key_block)
-        .gpu_threads(et, qi)
-        .unroll(ev);
+        .split(qi, qt, qv, tq)
+        .reorder(ev, qv, et, qt, key_block)
+        .gpu_threads(et, qt)
+        .unroll(ev)
+        .unroll(qv);
     LoopLevel block_step(f.running, key_block), thread_step(f.running, et);
     // 1. Q·Kᵀ of the key block into shared memory, a slice of slice_features features at a
     // time (the slice's partial dot products in registers, `slice_dot`).
@@ -411,25 +431,31 @@ void schedule_flash_core(attn_gen::FlashAttention f, int lanes) {
         .bound_extent(kc, chunks)
         .bound_extent(kb, 1)
         .split(kl, kt, kv, keys_per_lane)
-        .reorder(kv, kc, kt, qi)
-        .gpu_threads(kt, qi)
+        .split(qi, qt, qv, tq)
+        .reorder(kv, kc, qv, kt, qt)
+        .gpu_threads(kt, qt)
         .unroll(kv)
-        .unroll(kc);
+        .unroll(kc)
+        .unroll(qv);
     Func slice_dot = f.dot.update().split(f.e.x, e_outer, e_inner, slice_features, kGuard).rfactor(e_outer, slice);
     f.dot.update()
         .split(kl, kt, kv, keys_per_lane)
-        .reorder(kv, kc, kt, qi, e_outer)
-        .gpu_threads(kt, qi)
+        .split(qi, qt, qv, tq)
+        .reorder(kv, kc, qv, kt, qt, e_outer)
+        .gpu_threads(kt, qt)
         .unroll(kv)
-        .unroll(kc);
+        .unroll(kc)
+        .unroll(qv);
     LoopLevel slice_step(f.dot, e_outer);
     slice_dot.compute_at(f.dot, kt)
         .store_in(MemoryType::Register)
         .bound_extent(kl, keys_per_lane)
         .bound_extent(kc, chunks)
+        .bound_extent(qi, tq)
         .vectorize(kl)
-        .unroll(kc);
-    slice_dot.update().reorder(kl, kc, e_inner).vectorize(kl).unroll(kc);
+        .unroll(kc)
+        .unroll(qi);
+    slice_dot.update().reorder(kl, kc, qi, e_inner).vectorize(kl).unroll(kc).unroll(qi);
     // The K slice, staged by the whole block: lanes along the keys, so that the tile keeps
     // keys innermost and a thread's adjacent keys are one shared load (its global reads are
     // then a row per lane, each row's slice read over successive loads through L1); the
@@ -440,7 +466,7 @@ void schedule_flash_core(attn_gen::FlashAttention f, int lanes) {
         .store_in(MemoryType::GPUShared)
         .bound_extent(e, slice_features)
         .split(j, jo, jt, lanes, kGuard)
-        .split(e, eo, er, f.blocking.query_block, kGuard)
+        .split(e, eo, er, query_threads, kGuard)
         .reorder(jo, eo, jt, er)
         .gpu_threads(jt, er);
     // 2 and 3. The scores, then the exponentials (each thread's query's block max in registers,
@@ -454,32 +480,35 @@ void schedule_flash_core(attn_gen::FlashAttention f, int lanes) {
             .bound_extent(kb, 1);
         tile.update()
             .split(lane, lane_thread, lane_vector, keys_per_lane)
-            .reorder(lane_vector, chunk, lane_thread, qi)
-            .gpu_threads(lane_thread, qi)
+            .split(qi, qt, qv, tq)
+            .reorder(lane_vector, chunk, qv, lane_thread, qt)
+            .gpu_threads(lane_thread, qt)
             .unroll(lane_vector)
-            .unroll(chunk);
+            .unroll(chunk)
+            .unroll(qv);
     }
     Func exp_max = f.block_max.clone_in(f.block_exp);
     for (auto [row, at] : {std::pair{exp_max, LoopLevel(f.block_exp, lane_thread)}, std::pair{f.block_max, thread_step}}) {
-        row.compute_at(at).store_in(MemoryType::Register).bound_extent(kb, 1).bound_extent(qi, 1);
-        row.update().unroll(lane).unroll(chunk);
+        row.compute_at(at).store_in(MemoryType::Register).bound_extent(kb, 1).bound_extent(qi, tq).unroll(qi);
+        row.update().reorder(qi, lane, chunk).unroll(qi).unroll(lane).unroll(chunk);
     }
     // 4. The block's sum and weighted sum of V for the thread's features, in registers (V's
     // tile staged with lanes along the features, where global memory is contiguous: coalesced
     // loads, conflict-free stores and float4 reads).
-    f.block_sum.compute_at(thread_step).store_in(MemoryType::Register).bound_extent(kb, 1).bound_extent(qi, 1);
-    f.block_sum.update().unroll(lane).unroll(chunk);
+    f.block_sum.compute_at(thread_step).store_in(MemoryType::Register).bound_extent(kb, 1).bound_extent(qi, tq).unroll(qi);
+    f.block_sum.update().reorder(qi, lane, chunk).unroll(qi).unroll(lane).unroll(chunk);
     f.block_context.compute_at(thread_step)
         .store_in(MemoryType::Register)
         .bound_extent(e, features_per_lane)
         .bound_extent(kb, 1)
-        .bound_extent(qi, 1)
-        .vectorize(e);
-    f.block_context.update().reorder(e, lane, chunk).vectorize(e).unroll(lane).unroll(chunk);
+        .bound_extent(qi, tq)
+        .vectorize(e)
+        .unroll(qi);
+    f.block_context.update().reorder(e, qi, lane, chunk).vectorize(e).unroll(qi).unroll(lane).unroll(chunk);
     values.compute_at(block_step)
         .store_in(MemoryType::GPUShared)
         .split(e, eo, et, lanes, kGuard)
-        .split(j, jo, jt, f.blocking.query_block, kGuard)
+        .split(j, jo, jt, query_threads, kGuard)
         .reorder(eo, jo, et, jt)
         .gpu_threads(et, jt);
 }
@@ -501,7 +530,7 @@ void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_out
         schedule_weighted_sum_gpu(l.context);
     } else {
         if (!l.packed.defined()) schedule_key_end(l.key_end);  // packed: each sequence's length, two loads inlined
-        schedule_flash_core(l.flash, t.query_lanes);
+        schedule_flash_core(l.flash, t.query_lanes, t.thread_queries);
     }
     if (l.packed.defined()) {
         // Each token row's sequence (a thread per row counting the starts before it), and the
@@ -519,7 +548,7 @@ void schedule_attention_layer_gpu(attn_gen::AttentionLayer l, bool probs_are_out
 
 void schedule_attention_core_gpu(attn_gen::FlashAttention flash, Func key_end, Func out, const GpuTiling &t) {
     schedule_key_end(key_end);
-    schedule_flash_core(flash, t.query_lanes);
+    schedule_flash_core(flash, t.query_lanes, t.thread_queries);
     // The output copies the core's context: lanes along the features (head_dim, head).
     const Var &e = dims.head_dim, &h = dims.head, &i = dims.query;
     Var feature{"feature"}, fo{"fo"}, fi{"fi"}, io{"io"}, ii{"ii"};

@@ -10,7 +10,8 @@
 //   lanes per row, each lane reducing a strided slice (coalesced reads), the 32 partials
 //   combined in shared memory.
 // - The fused layer's attention core is the algorithm's flash core (one pass over the
-//   keys with an online softmax, attn_gen::FlashAttention), 16 threads a query: Q·Kᵀ,
+//   keys with an online softmax, attn_gen::FlashAttention), 16 threads a query, one or
+//   more queries a thread (GpuTiling::thread_queries): Q·Kᵀ,
 //   the scores and the exponentials a few keys a thread, the running state a few features
 //   a thread, K and V tiles and the block's scores in shared memory; no S×S buffer, memory O(S).
 // - The projections: each thread a register tile of output features × rows (no shared
@@ -41,6 +42,9 @@ struct GpuTiling {
     int split_k = 1;
     // The flash core's threads a query (a power of 2, at most its key_chunk and slice).
     int query_lanes = 16;
+    // The flash core's queries a thread (1, 2 or 4): each K and V value a thread loads from
+    // shared memory serves that many queries' multiply-adds.
+    int thread_queries = 1;
 };
 
 // outputs_inside: Q, K and V are Funcs inside the pipeline (the fused layer's), not its outputs.

@@ -22,7 +22,9 @@ endif ()
 
 # The GPU flash core refuses more queries a block than its threads allow (16 a query, at most
 # 512 a block), naming query_block, when the build's manual_cuda core is generated with 64;
-# and threads a query that do not split its 32-key chunks evenly, naming gpu_query_lanes.
+# threads a query that do not split its 32-key chunks evenly, naming gpu_query_lanes; queries
+# a thread other than 1, 2 or 4, naming gpu_thread_queries; and queries a block that are not
+# a multiple of them, naming query_block.
 if (NOT ATTN_SANITIZE AND NOT CMAKE_CROSSCOMPILING AND DEFINED ATTN_LIBRARY_attn_attention_core_manual_cuda)
     cmake_parse_arguments(core "" "GENERATOR" "PARAMS" ${ATTN_LIBRARY_attn_attention_core_manual_cuda})
     function(core_refuses name param expected)
@@ -33,7 +35,11 @@ if (NOT ATTN_SANITIZE AND NOT CMAKE_CROSSCOMPILING AND DEFINED ATTN_LIBRARY_attn
         set_tests_properties(gpu_flash_core.${name} PROPERTIES PASS_REGULAR_EXPRESSION "${expected}")
     endfunction()
     core_refuses(refuses_too_many_queries query_block=64
-                 "query_block=64: a GPU block of the flash core runs 16 threads a query \\(gpu_query_lanes\\), at most 512: expected 1 to 32")
+                 "query_block=64: a GPU block of the flash core runs query_block / gpu_thread_queries × gpu_query_lanes threads \\(64 / 1 × 16\\), at most 512: expected 1 to 32")
     core_refuses(refuses_uneven_lanes gpu_query_lanes=12
                  "gpu_query_lanes=12: the flash core's threads a query split its 32-key chunks and its features evenly: expected 4, 8, 16 or 32")
+    core_refuses(refuses_uneven_thread_queries gpu_thread_queries=3
+                 "gpu_thread_queries=3: the flash core's queries a thread, unrolled in its registers: expected 1, 2 or 4")
+    core_refuses(refuses_queries_not_a_multiple "query_block=6;gpu_thread_queries=4"
+                 "query_block=6: the flash core's threads take 4 queries each \\(gpu_thread_queries\\): expected a multiple of 4")
 endif ()

@@ -106,7 +106,7 @@ TEST_P(LayerTest, WithProbabilitiesMatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, LayerTest,
-                         ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(layer_problems())),
+                         ::testing::Combine(::testing::ValuesIn(tested_variants()), ::testing::ValuesIn(layer_problems())),
                          variant_problem_name);
 // Each variant's declared min_shapes of the layer, at the smallest shape its own kernels run.
 INSTANTIATE_TEST_SUITE_P(AtMinShapes, LayerTest, ::testing::ValuesIn(min_shape_cases(true)), variant_problem_name);
@@ -119,11 +119,11 @@ TEST_P(ListedProblemTest, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(LongContext, ListedProblemTest,
-                         ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(long_problems())),
+                         ::testing::Combine(::testing::ValuesIn(tested_variants()), ::testing::ValuesIn(long_problems())),
                          variant_problem_name);
 
 INSTANTIATE_TEST_SUITE_P(BenchmarkProblems, ListedProblemTest,
-                         ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(listed_problems())),
+                         ::testing::Combine(::testing::ValuesIn(tested_variants()), ::testing::ValuesIn(listed_problems())),
                          variant_problem_name);
 
 // bf16 (attn::Precision): each variant with a bf16 layer, on the layer's problems, the

@@ -123,7 +123,7 @@ std::string variant_packed_name(const ::testing::TestParamInfo<VariantPacked> &i
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, PackedTest,
-                         ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(packed_cases())),
+                         ::testing::Combine(::testing::ValuesIn(tested_variants()), ::testing::ValuesIn(packed_cases())),
                          variant_packed_name);
 
 // bf16 and int8 (attention_layer_packed_bf16, _int8): each variant with such a layer on every
@@ -235,7 +235,7 @@ TEST_P(PackedProblemTest, UnpaddedMatchesTheDensePathOnRealTokensAndZerosPadding
 }
 
 INSTANTIATE_TEST_SUITE_P(BenchmarkProblems, PackedProblemTest,
-                         ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(packed_problems())),
+                         ::testing::Combine(::testing::ValuesIn(tested_variants()), ::testing::ValuesIn(packed_problems())),
                          variant_problem_name);
 
 // Packing and unpacking alone.

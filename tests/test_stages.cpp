@@ -63,7 +63,7 @@ std::string stage_case_name(const ::testing::TestParamInfo<VariantFunctionProble
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, StageTest,
-                         ::testing::Combine(::testing::ValuesIn(variants()), ::testing::ValuesIn(stage_functions()),
+                         ::testing::Combine(::testing::ValuesIn(tested_variants()), ::testing::ValuesIn(stage_functions()),
                                             ::testing::ValuesIn(stage_problems())),
                          stage_case_name);
 
@@ -127,7 +127,7 @@ std::string variant_fill_name(const ::testing::TestParamInfo<VariantFill> &info)
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, SoftmaxFillTest,
-                         ::testing::Combine(::testing::ValuesIn(variants()),
+                         ::testing::Combine(::testing::ValuesIn(tested_variants()),
                                             ::testing::Values(Fill::all_negative, Fill::huge_magnitude,
                                                               Fill::ties_at_max)),
                          variant_fill_name);
@@ -188,7 +188,7 @@ std::string variant_core_case_name(const ::testing::TestParamInfo<VariantCoreCas
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, FlashCoreTest,
-                         ::testing::Combine(::testing::ValuesIn(variants()),
+                         ::testing::Combine(::testing::ValuesIn(tested_variants()),
                                             ::testing::Values("attention_core", "attention_core_bf16"),
                                             ::testing::Values(BlockMax::rising, BlockMax::falling,
                                                               BlockMax::rising_by_little, BlockMax::falling_by_little,

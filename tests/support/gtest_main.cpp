@@ -1,9 +1,37 @@
 // The tests' main: GoogleTest's, except that a run whose every test skipped (a suite of
 // variants this machine cannot run) exits with 77, which CTest reports as skipped
 // (SKIP_RETURN_CODE); a run with any failure still fails, and one with any pass passes.
+// The variant tests' main (ATTN_TESTS_TAKE_CANDIDATES) also takes --candidate=LIBRARY:SUFFIX:ISA
+// (repeatable), as attn_bench does: a tuning candidate's library, registered before GoogleTest
+// instantiates its suites, so that the variant suites run it beside the compiled variants
+// (support/variant_param.h, tested_variants).
 #include <gtest/gtest.h>
 
+#ifdef ATTN_TESTS_TAKE_CANDIDATES
+#include "attn/internal.h"
+
+#include <cstdio>
+#include <cstring>
+#endif
+
 int main(int argc, char **argv) {
+#ifdef ATTN_TESTS_TAKE_CANDIDATES
+    const char *flag = "--candidate=";
+    for (int i = 1; i < argc; ++i) {
+        if (std::strncmp(argv[i], flag, std::strlen(flag)) != 0) continue;
+        try {
+            const attn::VariantInfo &v = attn::detail::load_candidate(argv[i] + std::strlen(flag));
+            std::printf("candidate %s (%s): %s\n", v.name.c_str(), v.isa.c_str(),
+                        v.runnable ? "runs here" : v.not_runnable_reason.c_str());
+        } catch (const attn::Error &e) {
+            std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+            return 1;
+        }
+        std::copy(argv + i + 1, argv + argc + 1, argv + i);  // argv[argc] is null
+        --argc;
+        --i;
+    }
+#endif
     ::testing::InitGoogleTest(&argc, argv);
     const int status = RUN_ALL_TESTS();
     const ::testing::UnitTest &run = *::testing::UnitTest::GetInstance();

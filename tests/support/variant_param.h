@@ -2,6 +2,7 @@
 // variant this CPU cannot run are skipped with the reason, never passed silently.
 #pragma once
 
+#include "attn/internal.h"
 #include "problems/problem.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,14 @@
 namespace attn::testing {
 
 using VariantProblem = std::tuple<VariantInfo, Problem>;
+
+// The variants the variant suites run: the compiled ones, then any tuning candidate the
+// run was given (--candidate=LIBRARY:SUFFIX:ISA, support/gtest_main.cpp).
+inline std::vector<VariantInfo> tested_variants() {
+    std::vector<VariantInfo> out;
+    for (const VariantInfo *v : detail::compiled_and_registered_variants()) out.push_back(*v);
+    return out;
+}
 
 // Readable parameters in test output.
 inline void PrintTo(const Problem &p, std::ostream *os) { *os << p.name(); }

@@ -77,6 +77,11 @@ const CompiledFunction &function_for(const VariantInfo &variant, const std::stri
 // select_variant(info.name) finds it; variants() keeps listing the compiled ones only.
 // Not thread-safe: register before any other thread uses the library.
 const VariantInfo &register_variant(VariantInfo info, FunctionTable functions);
+// LIBRARY:SUFFIX:ISA: the functions attn_<function>_<SUFFIX> of a shared library (a tuning
+// candidate's, tools/autotune.py), registered as the variant candidate_<SUFFIX> of ISA.
+// Throws attn::Error("--candidate") for a malformed spec, a library that does not load, or
+// one without such a function. (Target attn::candidate_library.)
+const VariantInfo &load_candidate(const std::string &spec);
 // The compiled variants in manifest order, then those registered at run time.
 std::vector<const VariantInfo *> compiled_and_registered_variants();
 
