@@ -52,12 +52,14 @@ public:
         "precision",
         Precision::fp32,
         {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"int8", Precision::int8}}};
-    // The GPU schedule's own: its projections' register tiles, blocks and reduction split, and
+    // The GPU schedule's own: its projections' register tiles, blocks, reduction split and
+    // unrolled steps, and
     // the flash core's threads a query and queries a thread.
     Halide::GeneratorParam<int> gpu_thread_rows = manual_parameter("gpu_thread_rows");
     Halide::GeneratorParam<int> gpu_col_threads = manual_parameter("gpu_col_threads");
     Halide::GeneratorParam<int> gpu_row_threads = manual_parameter("gpu_row_threads");
     Halide::GeneratorParam<int> gpu_split_k = manual_parameter("gpu_split_k");
+    Halide::GeneratorParam<int> gpu_unroll_k = manual_parameter("gpu_unroll_k");
     Halide::GeneratorParam<int> gpu_query_lanes = manual_parameter("gpu_query_lanes");
     Halide::GeneratorParam<int> gpu_thread_queries = manual_parameter("gpu_thread_queries");
 
@@ -74,6 +76,7 @@ public:
                 attn_sched::manual_parameter_for(t, "gpu_col_threads", gpu_col_threads),
                 attn_sched::manual_parameter_for(t, "gpu_row_threads", gpu_row_threads),
                 attn_sched::manual_parameter_for(t, "gpu_split_k", gpu_split_k),
+                attn_sched::manual_parameter_for(t, "gpu_unroll_k", gpu_unroll_k),
                 attn_sched::manual_parameter_for(t, "gpu_query_lanes", gpu_query_lanes),
                 attn_sched::manual_parameter_for(t, "gpu_thread_queries", gpu_thread_queries)};
     }

@@ -134,7 +134,6 @@ Gemm gpu_gemm(Func out, Func product, const Var &col, const Var &row, const std:
 // innermost, is transposed per call. A block is t.col_threads threads along columns by
 // t.row_threads along rows.
 constexpr int kVector = 4;
-constexpr int kUnrollK = 8;
 
 // How a projection's rows are split into blocks. `whole` (a Func inside the pipeline, whose
 // reads of its rows the algorithm clamps): every block a whole tile, the Func's buffer rounded
@@ -179,7 +178,7 @@ void tile_in_registers(Func product, Func owner, const Var &thread, const Var &c
 Stage last_stage(Func f) { return f.has_update_definition() ? Stage(f.update()) : Stage(f); }
 
 // `stage` tiled as tile_stage does, each thread's tile of `product` (reducing over k, innermost
-// first) accumulated in registers: k's first RVar unrolled by kUnrollK. `product_row` is
+// first) accumulated in registers: k's first RVar unrolled by t.unroll_k. `product_row` is
 // product's own row (its second argument where the stage's row is an RVar).
 void register_tile(Func owner, Func product, const Var &col, VarOrRVar row, const Var &batch,
                    const Var &product_row, const std::vector<RVar> &k, const GpuTiling &t, Rows rows) {
@@ -187,7 +186,7 @@ void register_tile(Func owner, Func product, const Var &col, VarOrRVar row, cons
     std::vector<VarOrRVar> order{col, product_row};
     RVar k_outer{"k_outer"}, k_inner{"k_inner"};
     Stage update = product.update();
-    update.split(k.front(), k_outer, k_inner, kUnrollK);
+    update.split(k.front(), k_outer, k_inner, t.unroll_k);
     order.push_back(k_inner);
     order.push_back(k_outer);
     order.insert(order.end(), k.begin() + 1, k.end());

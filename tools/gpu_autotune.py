@@ -11,7 +11,8 @@ is timed on all of the host's threads.
   bundle (here)   the hand-written GPU schedule's parameter space for one function
                   (manifest.json: the function's GPU parameters, tools/manifest.py
                   tuning_parameters, and each one's gpu_search values; the default first,
-                  the rest in a seeded random order, at most --max-candidates), each
+                  then in turn a change of one parameter alone and a combination, each kind
+                  in a seeded random order, at most --max-candidates), each
                   candidate compiled by the project's generator for the ISA into a shared
                   library (with the packed twin when a tuning problem is packed); for CUDA,
                   every kernel assembled by ptxas for sm_90 at the runtime's register cap
@@ -70,8 +71,11 @@ BUNDLE_LIMIT_BYTES = 48 * 1024 * 1024
 
 
 def search_space(function, isa, seed, max_candidates, values=None):
-    """The candidates' parameters in search order: the defaults first, then the rest shuffled
-    with `seed`; at most max_candidates (0: all). On a GPU ISA, the product of each GPU
+    """The candidates' parameters in search order: the defaults first, then in turn one that
+    differs from them in one parameter alone and one of the rest, each kind shuffled with
+    `seed` (so that a sample times values of single parameters beside the defaults, paired,
+    as well as combinations: the fused layer's CUDA sample of 32 has all 13 single changes);
+    at most max_candidates (0: all). On a GPU ISA, the product of each GPU
     parameter's gpu_search values (its default alone where it has none); on a CPU ISA (the
     GPU machine's host), the CPU tuner's space of the hand-written schedule
     (tools/autotune.py manual_candidates: the ISA's register tiles and each search value).
@@ -93,7 +97,9 @@ def search_space(function, isa, seed, max_candidates, values=None):
                      + ", ".join(sorted(default)))
         rest = [p for p in rest if p[name] in allowed]
     random.Random(seed).shuffle(rest)
-    space = [default] + rest
+    one_alone = [p for p in rest if sum(p[n] != default[n] for n in default) == 1]
+    others = [p for p in rest if p not in one_alone]
+    space = [default] + [p for pair in itertools.zip_longest(one_alone, others) for p in pair if p is not None]
     return space[:max_candidates] if max_candidates else space
 
 

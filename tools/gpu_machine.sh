@@ -219,12 +219,14 @@ bundles)
   cmake --preset release >/dev/null
   cmake --build --preset release --target attn_generators attn_bench
   for function in $(python3 tools/gpu_autotune.py families --isa "$isa"); do
-    # Large spaces are sampled: the fused layer's CUDA space (96; each candidate's module is
-    # JIT-compiled there at its first launch) and the CPU ones (2256 for the layer, up to
-    # 192 for a stage), so that each tuning step fits its share of a device call (call 3:
-    # about 4 minutes for the layer's 16 beside the peers, 2.5 for the stages', estimated
-    # from the rehearsal here).
-    if [[ "$isa" == cuda ]]; then limit=0; [[ "$function" == attention_layer ]] && limit=32
+    # Large spaces are sampled: the fused layer's CUDA space (3,888; each candidate's module
+    # is JIT-compiled there at its first launch), each projection stage's (324; the other
+    # stages have one candidate) and the CPU ones (2256 for the layer, up to 192 for a
+    # stage), so that each tuning step fits its share of a device call (call 1 on 2026-11-26:
+    # 206 s for the layer's sample, 164 s for the stages'; call 3: about 4 minutes
+    # for the layer's 16 beside the peers, 2.5 for the stages'). Each sample times every
+    # change of a single parameter beside the default (gpu_autotune.py search_space).
+    if [[ "$isa" == cuda ]]; then limit=32
     else limit=8; [[ "$function" == attention_layer ]] && limit=16; fi
     python3 tools/gpu_autotune.py bundle --isa "$isa" --function "$function" --max-candidates "$limit" \
       --generator build/release/attn_generators --out "build/gpu-tune/$isa/$function"

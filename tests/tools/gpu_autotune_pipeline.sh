@@ -45,13 +45,34 @@ tuned = json.loads((folder / "qkv_projection.json").read_text())
 provenance = json.loads((folder / "qkv_projection.provenance.json").read_text())
 [entry] = tuned["classes"]
 assert entry["shape_classes"] == ["short"], entry
-assert set(entry["params"]) == {"gpu_thread_rows", "gpu_col_threads", "gpu_row_threads", "gpu_split_k"}, entry
+assert set(entry["params"]) == {"gpu_thread_rows", "gpu_col_threads", "gpu_row_threads", "gpu_split_k", "gpu_unroll_k"}, entry
 p = provenance["classes"][0]["provenance"]
 assert p["machine"]["device"] == "opencl" and p["candidates_timed"] == 2, p
 timed = [c for c in p["candidates"] if "median_ms" in c]
 assert len(timed) == 2 and all(c["median_ms"]["b1_s128_h384_n12"] > 0 for c in timed), timed
 assert entry["params"] in [c["params"] for c in timed], "the winner is not a timed candidate"
 print(f"frozen: {entry['params']}, {p['winner_time_over_default']} of the default's time")
+PY
+
+# A sample of the fused layer's CUDA space (as the campaign bundles it) times every change of
+# a single parameter beside the default: the default first, then each single change within
+# twice their number, the rest combinations.
+"$python" - "$root/tools" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import gpu_autotune
+import manifest
+m = manifest.load()
+space = gpu_autotune.search_space("attention_layer", "cuda", 0, 32)
+default = space[0]
+assert default == {n: m.manual_defaults(gpu=True)[n] for n in default}, default
+changed = [sorted(n for n in default if p[n] != default[n]) for p in space[1:]]
+singles = {(n[0], p[n[0]]) for p, n in zip(space[1:], changed) if len(n) == 1}
+expected = {(n, v) for n in default for v in m.manual_parameters[n].get("gpu_search", []) if v != default[n]}
+assert singles == expected, (sorted(expected - singles), sorted(singles - expected))
+assert all(len(n) == 1 for n in changed[:2 * len(expected):2]), changed
+assert len({tuple(sorted(p.items())) for p in space}) == 32, "a candidate twice"
+print(f"sample: the default, {len(singles)} single changes, {31 - len(singles)} combinations")
 PY
 
 # --values naming no parameter of the function's schedule is refused, naming it.
