@@ -354,11 +354,11 @@ namespace {
 // features. Nothing of size S_q × S_k, memory O(S). Registers: manifest.json's
 // gpu_max_registers.
 constexpr int kMaxFeaturesPerSlice = 64;
-constexpr int kMaxThreads = 512;
 void schedule_flash_core(attn_gen::FlashAttention f, int lanes, int thread_queries) {
-    // At most 512 threads a block: a thread holds about 110 registers (ptxas, sm_90), and a
-    // block must fit an SM's 65536.
+    // A block must fit an SM's 65536 registers: at most 512 threads at one query a thread
+    // (about 110 registers each, ptxas sm_90), 256 with more (150-216; a thread may take 255).
     const int queries = f.blocking.query_block, tq = thread_queries;
+    const int max_threads = tq == 1 ? 512 : 256;
     if (lanes < 4 || lanes > 32 || (lanes & (lanes - 1)) != 0)
         throw CompileError("gpu_query_lanes=" + std::to_string(lanes) +
                            ": the flash core's threads a query split its 32-key chunks and its features evenly: "
@@ -370,11 +370,13 @@ void schedule_flash_core(attn_gen::FlashAttention f, int lanes, int thread_queri
         throw CompileError("query_block=" + std::to_string(queries) + ": the flash core's threads take " +
                            std::to_string(tq) + " queries each (gpu_thread_queries): expected a multiple of " +
                            std::to_string(tq));
-    if (queries / tq * lanes > kMaxThreads)
+    if (queries / tq * lanes > max_threads)
         throw CompileError("query_block=" + std::to_string(queries) + ": a GPU block of the flash core runs query_block / " +
                            "gpu_thread_queries × gpu_query_lanes threads (" + std::to_string(queries) + " / " +
                            std::to_string(tq) + " × " + std::to_string(lanes) + "), at most " +
-                           std::to_string(kMaxThreads) + ": expected 1 to " + std::to_string(kMaxThreads / lanes * tq));
+                           std::to_string(max_threads) + " at " + std::to_string(tq) +
+                           (tq == 1 ? " query" : " queries") + " a thread: expected 1 to " +
+                           std::to_string(max_threads / lanes * tq));
     // The queries' threads: query_in_block split in query_thread (a thread index) and
     // thread_query (unrolled in each thread's registers).
     const int query_threads = queries / tq;

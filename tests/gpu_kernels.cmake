@@ -21,7 +21,8 @@ if (NOT ATTN_SANITIZE AND NOT CMAKE_CROSSCOMPILING)
 endif ()
 
 # The GPU flash core refuses more queries a block than its threads allow (16 a query, at most
-# 512 a block), naming query_block, when the build's manual_cuda core is generated with 64;
+# 512 a block at one query a thread, 256 at more, whose threads take more registers), naming
+# query_block, when the build's manual_cuda core is generated with 64;
 # threads a query that do not split its 32-key chunks evenly, naming gpu_query_lanes; queries
 # a thread other than 1, 2 or 4, naming gpu_thread_queries; and queries a block that are not
 # a multiple of them, naming query_block.
@@ -35,7 +36,9 @@ if (NOT ATTN_SANITIZE AND NOT CMAKE_CROSSCOMPILING AND DEFINED ATTN_LIBRARY_attn
         set_tests_properties(gpu_flash_core.${name} PROPERTIES PASS_REGULAR_EXPRESSION "${expected}")
     endfunction()
     core_refuses(refuses_too_many_queries query_block=64
-                 "query_block=64: a GPU block of the flash core runs query_block / gpu_thread_queries × gpu_query_lanes threads \\(64 / 1 × 16\\), at most 512: expected 1 to 32")
+                 "query_block=64: a GPU block of the flash core runs query_block / gpu_thread_queries × gpu_query_lanes threads \\(64 / 1 × 16\\), at most 512 at 1 query a thread: expected 1 to 32")
+    core_refuses(refuses_too_many_threads_of_more_registers "query_block=64;gpu_thread_queries=2"
+                 "query_block=64: a GPU block of the flash core runs query_block / gpu_thread_queries × gpu_query_lanes threads \\(64 / 2 × 16\\), at most 256 at 2 queries a thread: expected 1 to 32")
     core_refuses(refuses_uneven_lanes gpu_query_lanes=12
                  "gpu_query_lanes=12: the flash core's threads a query split its 32-key chunks and its features evenly: expected 4, 8, 16 or 32")
     core_refuses(refuses_uneven_thread_queries gpu_thread_queries=3

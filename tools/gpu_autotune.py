@@ -74,7 +74,7 @@ def search_space(function, isa, seed, max_candidates, values=None):
     """The candidates' parameters in search order: the defaults first, then in turn one that
     differs from them in one parameter alone and one of the rest, each kind shuffled with
     `seed` (so that a sample times values of single parameters beside the defaults, paired,
-    as well as combinations: the fused layer's CUDA sample of 32 has all 13 single changes);
+    as well as combinations: the fused layer's CUDA sample of 32 has all 15 single changes);
     at most max_candidates (0: all). On a GPU ISA, the product of each GPU
     parameter's gpu_search values (its default alone where it has none); on a CPU ISA (the
     GPU machine's host), the CPU tuner's space of the hand-written schedule

@@ -224,8 +224,9 @@ bundles)
     # stages have one candidate) and the CPU ones (2256 for the layer, up to 192 for a
     # stage), so that each tuning step fits its share of a device call (call 1 on 2026-11-26:
     # 206 s for the layer's sample, 164 s for the stages'; call 3: about 4 minutes
-    # for the layer's 16 beside the peers, 2.5 for the stages'). Each sample times every
-    # change of a single parameter beside the default (gpu_autotune.py search_space).
+    # for the layer's 16 beside the peers, 2.5 for the stages'). Each CUDA sample times every
+    # change of a single parameter beside the default (gpu_autotune.py search_space; a CPU
+    # sample has half its candidates such changes).
     if [[ "$isa" == cuda ]]; then limit=32
     else limit=8; [[ "$function" == attention_layer ]] && limit=16; fi
     python3 tools/gpu_autotune.py bundle --isa "$isa" --function "$function" --max-candidates "$limit" \

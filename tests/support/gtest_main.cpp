@@ -10,6 +10,7 @@
 #ifdef ATTN_TESTS_TAKE_CANDIDATES
 #include "attn/internal.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #endif

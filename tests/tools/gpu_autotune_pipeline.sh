@@ -65,7 +65,8 @@ import manifest
 m = manifest.load()
 space = gpu_autotune.search_space("attention_layer", "cuda", 0, 32)
 default = space[0]
-assert default == {n: m.manual_defaults(gpu=True)[n] for n in default}, default
+names = m.tuning_parameters("attention_layer", gpu=True)
+assert default == {n: m.manual_defaults(gpu=True)[n] for n in names}, (default, names)
 changed = [sorted(n for n in default if p[n] != default[n]) for p in space[1:]]
 singles = {(n[0], p[n[0]]) for p, n in zip(space[1:], changed) if len(n) == 1}
 expected = {(n, v) for n in default for v in m.manual_parameters[n].get("gpu_search", []) if v != default[n]}

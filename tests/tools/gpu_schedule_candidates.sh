@@ -9,19 +9,19 @@
 #  - core: the attention core alone, 2 queries a thread, 32 threads a query;
 #  - qkv, output: the projection stages, unrolled by 4, the reduction split in 2.
 # The defaults are the compiled manual_opencl variant's, which the same suites run anyway.
-# Usage: gpu_schedule_candidates.sh PYTHON ATTN_GENERATORS ATTN_TESTS WORK_DIR
+# Exits 77 (skipped) where the candidates cannot run: no OpenCL device.
+# Usage: gpu_schedule_candidates.sh PYTHON ATTN_GENERATORS ATTN_TESTS WORK_DIR OPENCL_TARGET
 set -euo pipefail
-python="$1" generators="$2" tests="$3" work="$4"
+python="$1" generators="$2" tests="$3" work="$4" target="$5"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 rm -rf "$work" && mkdir -p "$work"
 
 # Compiles each candidate into $work/<suffix>/<suffix>.so; prints the suffixes.
-suffixes=$("$python" - "$root" "$generators" "$work" <<'PY'
+suffixes=$("$python" - "$root" "$generators" "$work" "$target" <<'PY'
 import pathlib, sys
-root, generators, work = pathlib.Path(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3])
+root, generators, work, target = pathlib.Path(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3]), sys.argv[4]
 sys.path.insert(0, str(root / "tools"))
 import autotune
-target = autotune.MANIFEST.target("opencl")
 candidates = {
     "layer": ("attention_layer", ["attention_layer", "attention_layer_packed"],
               {"gpu_thread_queries": 4, "gpu_query_lanes": 8, "query_block": 32, "gpu_unroll_k": 2}),
@@ -47,8 +47,18 @@ for suffix in $suffixes; do flags+=("--candidate=$work/$suffix/$suffix.so:$suffi
 # candidates alone; LongContext's 2048-8192 tokens are left to the compiled variants. A case
 # of a function the candidate lacks passes by being refused: each candidate must have run
 # at least 8 cases of its own to the end, none refused.
+status=0
 "$tests" "${flags[@]}" --gtest_filter='AllVariants/*candidate_*:BenchmarkProblems/*candidate_*' \
-  > "$work/tests.log" 2>&1 || { grep -E '^\[  FAILED|Failure|error' "$work/tests.log" | head -40; exit 1; }
+  > "$work/tests.log" 2>&1 || status=$?
+# attn_tests prints each candidate's state first: "candidate candidate_<suffix> (opencl): runs here" or why not.
+if not_here=$(grep -E '^candidate candidate_[a-z0-9_]+ \(opencl\): ' "$work/tests.log" | grep -v ': runs here$'); then
+  echo "skipped: $not_here"
+  exit 77
+fi
+if (( status != 0 )); then
+  tail -n 60 "$work/tests.log"
+  exit 1
+fi
 for suffix in $suffixes; do
   ran=$(awk -v name="/candidate_${suffix}__" '
     /^\[ RUN      \]/ { refused = 0 }
