@@ -54,14 +54,19 @@ void register_all(const std::vector<Case> &cases) {
 }  // namespace attn::bench
 
 int main(int argc, char **argv) {
-    const char *candidate_flag = "--candidate=", *threads_flag = "--threads=";
+    const char *threads_flag = "--threads=";
     std::vector<attn::VariantInfo> variant_list = attn::variants();
+    try {
+        for (const attn::VariantInfo &v : attn::detail::take_candidates(argc, argv)) variant_list.push_back(v);
+    } catch (const attn::Error &e) {
+        std::fprintf(stderr, "attn_bench: %s\n", e.what());
+        return 1;
+    }
     bool serve = false;
     for (int i = 1; i < argc; ++i) {
-        const bool is_candidate = std::strncmp(argv[i], candidate_flag, std::strlen(candidate_flag)) == 0;
         const bool is_threads = std::strncmp(argv[i], threads_flag, std::strlen(threads_flag)) == 0;
         const bool is_serve = std::strcmp(argv[i], "--serve") == 0;
-        if (!is_candidate && !is_serve && !is_threads) continue;
+        if (!is_serve && !is_threads) continue;
         if (is_threads) {
             // Our kernels and the OpenBLAS peers on the same count (bench/compare.py --threads).
             char *end = nullptr;
@@ -73,14 +78,6 @@ int main(int argc, char **argv) {
             }
             attn::set_num_threads(int(threads));
             openblas_set_num_threads(int(threads));
-        }
-        if (is_candidate) {
-            try {
-                variant_list.push_back(attn::detail::load_candidate(argv[i] + std::strlen(candidate_flag)));
-            } catch (const attn::Error &e) {
-                std::fprintf(stderr, "attn_bench: %s\n", e.what());
-                return 1;
-            }
         }
         serve = serve || is_serve;
         std::copy(argv + i + 1, argv + argc + 1, argv + i);  // argv[argc] is null

@@ -97,8 +97,10 @@ def search_space(function, isa, seed, max_candidates, values=None):
                      + ", ".join(sorted(default)))
         rest = [p for p in rest if p[name] in allowed]
     random.Random(seed).shuffle(rest)
-    one_alone = [p for p in rest if sum(p[n] != default[n] for n in default) == 1]
-    others = [p for p in rest if p not in one_alone]
+    def changed(p):
+        return sum(p[n] != default[n] for n in default)
+    one_alone = [p for p in rest if changed(p) == 1]
+    others = [p for p in rest if changed(p) != 1]
     space = [default] + [p for pair in itertools.zip_longest(one_alone, others) for p in pair if p is not None]
     return space[:max_candidates] if max_candidates else space
 

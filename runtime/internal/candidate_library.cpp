@@ -1,9 +1,12 @@
-// detail::load_candidate (attn/internal.h): a tuning candidate's shared library registered
-// as a variant, for attn_bench --candidate and the tests' --candidate.
+// detail::load_candidate and take_candidates (attn/internal.h): a tuning candidate's shared
+// library registered as a variant, for attn_bench --candidate and the tests' --candidate.
 #include "attn/generated/manifest.h"
 #include "attn/internal.h"
 
 #include <dlfcn.h>
+
+#include <algorithm>
+#include <cstring>
 
 namespace attn::detail {
 
@@ -31,6 +34,19 @@ const VariantInfo &load_candidate(const std::string &spec) {
     info.isa = spec.substr(last + 1);
     info.target = library;
     return register_variant(info, functions);
+}
+
+std::vector<VariantInfo> take_candidates(int &argc, char **argv) {
+    const char *flag = "--candidate=";
+    std::vector<VariantInfo> loaded;
+    for (int i = 1; i < argc; ++i) {
+        if (std::strncmp(argv[i], flag, std::strlen(flag)) != 0) continue;
+        loaded.push_back(load_candidate(argv[i] + std::strlen(flag)));
+        std::copy(argv + i + 1, argv + argc + 1, argv + i);  // argv[argc] is null
+        --argc;
+        --i;
+    }
+    return loaded;
 }
 
 }  // namespace attn::detail

@@ -10,27 +10,18 @@
 #ifdef ATTN_TESTS_TAKE_CANDIDATES
 #include "attn/internal.h"
 
-#include <algorithm>
 #include <cstdio>
-#include <cstring>
 #endif
 
 int main(int argc, char **argv) {
 #ifdef ATTN_TESTS_TAKE_CANDIDATES
-    const char *flag = "--candidate=";
-    for (int i = 1; i < argc; ++i) {
-        if (std::strncmp(argv[i], flag, std::strlen(flag)) != 0) continue;
-        try {
-            const attn::VariantInfo &v = attn::detail::load_candidate(argv[i] + std::strlen(flag));
+    try {
+        for (const attn::VariantInfo &v : attn::detail::take_candidates(argc, argv))
             std::printf("candidate %s (%s): %s\n", v.name.c_str(), v.isa.c_str(),
                         v.runnable ? "runs here" : v.not_runnable_reason.c_str());
-        } catch (const attn::Error &e) {
-            std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
-            return 1;
-        }
-        std::copy(argv + i + 1, argv + argc + 1, argv + i);  // argv[argc] is null
-        --argc;
-        --i;
+    } catch (const attn::Error &e) {
+        std::fprintf(stderr, "%s: %s\n", argv[0], e.what());
+        return 1;
     }
 #endif
     ::testing::InitGoogleTest(&argc, argv);

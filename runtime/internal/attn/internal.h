@@ -82,6 +82,9 @@ const VariantInfo &register_variant(VariantInfo info, FunctionTable functions);
 // Throws attn::Error("--candidate") for a malformed spec, a library that does not load, or
 // one without such a function. (Target attn::candidate_library.)
 const VariantInfo &load_candidate(const std::string &spec);
+// Loads every --candidate=LIBRARY:SUFFIX:ISA of a command line (load_candidate) and removes
+// it from argv; returns the variants, in order.
+std::vector<VariantInfo> take_candidates(int &argc, char **argv);
 // The compiled variants in manifest order, then those registered at run time.
 std::vector<const VariantInfo *> compiled_and_registered_variants();
 
