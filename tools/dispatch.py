@@ -101,7 +101,7 @@ def main():
                      "they were recorded, holds for any) whose widest instruction set is among its isas, the",
                      "runtime's default variant is the first of its order that runs (entries with the host's id",
                      "first), and an Attention made without naming a variant runs each call with the first of its",
-                     "shape class's order that runs (README, 'How dispatch works')."],
+                     "shape class's order that runs (docs/design.md, 'The manifest, variants, and how dispatch works')."],
            "measured": entries}
     out.write_text(json.dumps(doc, indent=1) + "\n")
 
