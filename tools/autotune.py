@@ -29,8 +29,14 @@ class is searched in turn, with its share of the budget; candidates compiled for
 measured again for the next from the cache. Everything compiled and measured is cached
 under build/autotune/, keyed by the sources it depends on, so an interrupted run resumes.
 
-The winner of a class (the lowest worst-case time relative to the hand-written default
-over its problems, then the lowest geometric mean) is frozen in
+Those times are one candidate after another, so a slow minute of a shared machine can
+make one look fast or the default slow on a problem. So the default and the --confirm
+(4) best hand-written candidates of the search are then timed again by bench/compare.py,
+interleaved in --confirm-rounds (7) rounds, and their paired ratios to the default choose
+among them: a candidate replaces the default only where it is measurably faster on some
+problem and measurably slower on none (paired_winner). Without a confirmation (--confirm
+0), the winner of a class (the lowest worst-case time relative to the hand-written default
+over its problems, then the lowest geometric mean) is chosen from the search's times. It is frozen in
 generated/tuned/<isa>/<function>.json: one entry per class, or one entry for several
 classes where their winners are the same parameters, with the provenance of each search
 beside it in <function>.provenance.json (every candidate and its times, machine, Halide
@@ -184,13 +190,30 @@ def autoscheduler_candidates(source, function, isa):
     return [(source, c) for c in combos]  # the first is the default
 
 
-def search_space(function, isa, seed):
-    """The candidates in search order, and the key of each schedule source's default."""
-    groups = [manual_candidates(function, isa)] + [autoscheduler_candidates(s, function, isa) for s in SWEEPS]
+def search_space(function, isa, seed, sources=None):
+    """The candidates in search order, and the key of each schedule source's default; only
+    those of `sources` (the hand-written schedule always) where given."""
+    groups = [manual_candidates(function, isa)] + [autoscheduler_candidates(s, function, isa) for s in SWEEPS
+                                                    if not sources or s in sources]
     defaults = [g[0] for g in groups]
     rest = [c for g in groups for c in g[1:]]
     random.Random(seed).shuffle(rest)
     return defaults + rest, {source: candidate_key(source, params) for source, params in defaults}
+
+
+def paired_winner(ratios, intervals, default_key):
+    """The candidate an interleaved comparison picks ({key: {problem: paired median of its time
+    over the default's}}, with each median's interval): among those measurably faster than the
+    default on some problem (the interval below 1) and measurably slower on none (no interval
+    above 1), the lowest worst-case ratio, then geometric mean; the default where none is, so
+    that a shared machine's noise never replaces it."""
+    def score(key):
+        values = list(ratios[key].values())
+        return max(values), math.exp(sum(map(math.log, values)) / len(values))
+    better = [key for key in ratios if key != default_key
+              and any(hi < 1 for _, hi in intervals[key].values())
+              and not any(lo > 1 for lo, _ in intervals[key].values())]
+    return min(better, key=score) if better else default_key
 
 
 def candidate_key(source, params):
@@ -220,7 +243,7 @@ class Tuner:
         self.cache = cache_root / sources_hash() / args.isa / args.function
         self.cache.mkdir(parents=True, exist_ok=True)
         self.from_cache = 0  # measurements an earlier run left in the cache
-        self.space, self.default_keys = search_space(args.function, args.isa, args.seed)
+        self.space, self.default_keys = search_space(args.function, args.isa, args.seed, args.sources)
 
     # ---- compiling ----
 
@@ -350,6 +373,53 @@ class Tuner:
         ratios = self.ratios(record, results, problems)
         return max(ratios), math.exp(sum(map(math.log, ratios)) / len(ratios))
 
+    # ---- confirming, interleaved ----
+
+    def confirm(self, shape_class, problems, results):
+        """The search times each candidate once, one after another, so a slow minute of a noisy
+        machine can make the default look slow (or a candidate fast) on a problem. The default
+        and the --confirm best hand-written candidates of the search are timed again by
+        bench/compare.py, interleaved in --confirm-rounds rounds (as every comparison here):
+        returns {key: {problem: paired median of its time over the default's}} and the
+        confirmation's record for the provenance; ({}, None) with --confirm 0."""
+        if not self.args.confirm:
+            return {}, None
+        import gpu_autotune  # here only: it imports this module
+        default = self.defaults(results)["manual"]
+        ranked = sorted((r for r in results if r["status"] == "measured" and r["source"] == "manual"
+                         and r is not default), key=lambda r: self.score(r, results, problems))
+        if not ranked:
+            return {}, None  # the default alone: nothing to choose between
+        finalists = [default] + ranked[:self.args.confirm]
+        out = self.cache / f"confirmed_{shape_class}"
+        pattern = (f"^{re.escape(self.function)}/candidate_({'|'.join(r['key'] for r in finalists)})/"
+                   f"({'|'.join(map(re.escape, problems))})$")
+        cmd = [sys.executable, str(ROOT / "bench" / "compare.py"), "--bench", str(self.bench_exe.resolve()),
+               "--out", str(out), "--filter", pattern, "--exclude", "", "--rounds", str(self.args.confirm_rounds),
+               "--min-time", str(self.args.min_time), "--no-chart",
+               *(f"--candidate={self.cache / r['key'] / 'candidate.so'}:{r['key']}:{self.args.isa}" for r in finalists)]
+        print(f"{shape_class}: timing the default and the search's {len(finalists) - 1} best other candidates "
+              f"again, interleaved, {self.args.confirm_rounds} rounds", flush=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        comparison = json.loads((out / "comparison.json").read_text())
+        times, errors, _ = gpu_autotune.class_results(comparison, self.function, {r["key"] for r in finalists})
+        if default["key"] not in times:
+            sys.exit(f"shape class {shape_class}: the default was not timed in the confirmation "
+                     f"({'; '.join(errors.get(default['key'], ['no timing']))})")
+        sys.path.insert(0, str(ROOT / "bench"))
+        import report  # here only: bench/report.py, the comparisons' statistics
+        base = times[default["key"]]
+        ratios = {key: {p: round(gpu_autotune.paired_ratio(by[p], base[p]), 4) for p in problems}
+                  for key, by in times.items()}
+        # Each ratio's distribution-free interval of the median, as the comparisons report it.
+        intervals = {key: {p: [round(x, 4) for x in report.median_interval([a / b for a, b in zip(by[p], base[p])])]
+                           for p in problems} for key, by in times.items()}
+        record = {"rounds": self.args.confirm_rounds, "min_time": self.args.min_time,
+                  "command": "bench/compare.py " + " ".join(cmd[3:]).replace(str(ROOT) + "/", ""),
+                  "time_over_default": {key: ratios[key] for key in (r["key"] for r in finalists) if key in ratios},
+                  "interval_90": intervals, **({"errors": errors} if errors else {})}
+        return ratios, record
+
     # ---- freezing ----
 
     def winner(self, shape_class, problems, space, results, started, budget_minutes):
@@ -363,12 +433,21 @@ class Tuner:
         fastest = min(measured, key=lambda r: self.score(r, results, problems))
         # A frozen entry holds the hand-written schedule's generator parameters, so the
         # winner is the fastest hand-written parameter set; a faster autoscheduled
-        # candidate is reported (its own variant runs it), not frozen.
+        # candidate is reported (its own variant runs it), not frozen. Where the finalists
+        # were timed again interleaved, those paired ratios choose among them (paired_winner:
+        # the default stays unless one is measurably faster).
         winner = min((r for r in measured if r["source"] == "manual"), key=lambda r: self.score(r, results, problems))
+        confirmed, confirmation = self.confirm(shape_class, problems, results)
+        if confirmed:
+            by_key = {r["key"]: r for r in measured}
+            winner = by_key[paired_winner(confirmed, confirmation["interval_90"], default["key"])]
+            confirmation["winner"] = winner["key"]
         vs = {}
         for source, r in self.defaults(results).items():
             if r and r["status"] == "measured":
                 vs[source] = {p: round(r["times_ms"][p] / winner["times_ms"][p], 3) for p in problems}
+        if confirmed:  # the hand-written default's from the interleaved, paired times
+            vs["manual"] = {p: round(1 / confirmed[winner["key"]][p], 3) for p in problems}
         provenance = {
             "tuned_through": self.function,
             "generator": self.generator,
@@ -387,6 +466,7 @@ class Tuner:
             "search_space_size": len(space),
             "candidates_tried": len(results),
             "default_time_over_winner": vs,
+            **({"confirmed_interleaved": confirmation} if confirmation else {}),
             "fastest_per_problem": {p: min(measured, key=lambda r: r["times_ms"][p])["key"] for p in problems},
             "candidates": [{k: r.get(k) for k in ("key", "source", "params", "status", "times_ms", "compile_seconds",
                                                    "message") if r.get(k) is not None} for r in results],
@@ -486,12 +566,21 @@ def main():
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--min-time", type=float, default=0.1, help="seconds per repetition")
     parser.add_argument("--seed", type=int, default=1, help="order of the non-default candidates")
+    parser.add_argument("--sources", nargs="+", choices=["manual", *SWEEPS],
+                        help="search only these schedule sources (default: all; the hand-written one always)")
+    parser.add_argument("--confirm", type=int, default=4,
+                        help="the best hand-written candidates of each class timed again beside the default, "
+                             "interleaved (bench/compare.py), whose paired ratios pick the winner (0: the search's "
+                             "own times pick it)")
+    parser.add_argument("--confirm-rounds", type=int, default=7, help="rounds of the confirmation (at least 5)")
     parser.add_argument("--no-freeze", action="store_true", help="search and report only")
     parser.add_argument("--cache", help="where compiled and measured candidates are kept (default build/autotune)")
     parser.add_argument("--generator", required=True)
     parser.add_argument("--bench", required=True)
     parser.add_argument("--plugins", required=True)
     args = parser.parse_args()
+    if args.confirm and args.confirm_rounds < 5:
+        parser.error("--confirm-rounds: bench/compare.py needs at least 5 rounds")
     if args.problems and len(args.shape_classes) != 1:
         parser.error("--problems replaces the problems of one shape class: give one with --shape-classes")
     if not args.no_freeze and set(args.shape_classes) != set(classes):
@@ -519,7 +608,11 @@ def main():
         winner, vs, fastest, provenance = tuner.winner(shape_class, problems, space, results, started, budget)
         won.append((shape_class, winner, provenance))
         print(f"{shape_class}: winner {winner['source']} {winner['params']}")
-        if fastest is not winner:
+        if "confirmed_interleaved" in provenance:
+            ratios = provenance["confirmed_interleaved"]["time_over_default"][winner["key"]]
+            print(f"  confirmed interleaved: its time over the default's, paired: "
+                  + ", ".join(f"{p} {r:.3f}" for p, r in ratios.items()))
+        if fastest["source"] != "manual":
             print(f"  faster but not frozen (autoscheduled; its own variant runs it): {fastest['key']}, "
                   f"{tuner.score(fastest, results, problems)[1]:.3f}x of the hand-written default's time")
         for source, ratios in vs.items():

@@ -332,6 +332,8 @@ def paired_ratio(ms, base_ms):
 
 def freeze(args):
     import autotune  # here only
+    sys.path.insert(0, str(ROOT / "bench"))
+    import report  # bench/report.py: the comparisons' statistics
     folder = pathlib.Path(args.bundle).resolve()
     results = pathlib.Path(args.results).resolve()
     measured = json.loads((results / "measured.json").read_text())
@@ -352,11 +354,15 @@ def freeze(args):
                      f"({'; '.join(errors.get(default_key, ['no timing']))})")
         base = times[default_key]
         scores = {}
+        intervals = {}
         for key, by_problem in times.items():
             ratios = [paired_ratio(by_problem[p], base[p]) for p in problems]
             scores[key] = (max(ratios), math.exp(sum(map(math.log, ratios)) / len(ratios)),
                            {p: round(r, 4) for p, r in zip(problems, ratios)})
-        winner_key = min(scores, key=lambda k: scores[k][:2])
+            intervals[key] = {p: report.median_interval([a / b for a, b in zip(by_problem[p], base[p])])
+                              for p in problems}
+        # The CPU tuner's rule: the default stays unless a candidate is measurably faster.
+        winner_key = autotune.paired_winner({k: s[2] for k, s in scores.items()}, intervals, default_key)
         winner = {"source": "manual", "params": kept[winner_key]["params"]}
         provenance = {
             "tuned_through": doc["function"], "generator": doc["generator"], "isa": doc["isa"],
@@ -376,7 +382,9 @@ def freeze(args):
                             **({"errors": errors[c["key"]]} if c["key"] in errors else {}),
                             **({"median_ms": {p: round(statistics.median(times[c["key"]][p]), 4)
                                               for p in problems},
-                                "time_over_default": scores[c["key"]][2]} if c["key"] in times else {})}
+                                "time_over_default": scores[c["key"]][2],
+                                "interval_90": {p: [round(x, 4) for x in intervals[c["key"]][p]] for p in problems}}
+                               if c["key"] in times else {})}
                            for c in doc["candidates"]],
         }
         print(f"freeze: {shape_class}: winner {winner['params']}, its time over the default's: "

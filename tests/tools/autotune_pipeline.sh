@@ -4,6 +4,9 @@
 #    check before it is timed;
 #  - a two-candidate search compiles, checks and times both, and a second run resumes
 #    from the cache without compiling or measuring anything again;
+#  - the default and the search's best other candidate are timed again, interleaved
+#    (bench/compare.py), and those paired ratios pick the winner (the default stays unless
+#    a candidate is measurably faster);
 #  - a candidate library's bf16 and int8 layers are cases of the harness too.
 # Usage: autotune_pipeline.sh PYTHON CXX HALIDE_INCLUDE_DIR ATTN_BENCH ATTN_GENERATORS PLUGINS WORK_DIR
 # (PYTHON: the project's .venv, which has tqdm)
@@ -57,6 +60,45 @@ second=$(tune 2>&1 | tr '\r' '\n')
 echo "$second" | tail -1
 echo "$second" | grep -q "tried 2 of 2 candidates (2 from the cache).*'measured': 2" ||
   { echo "the second run did not resume from the cache"; exit 1; }
+
+# The finalists timed again, interleaved: a search of weighted_sum's hand-written parameters
+# alone (--sources manual), whose default and other candidate bench/compare.py times in the
+# same 5 rounds; their paired ratio picks the winner.
+confirmed=$("$python" "$root/tools/autotune.py" --generator "$generators" --bench "$bench" --plugins "$plugins" \
+  --isa sse41 --function weighted_sum --sources manual --shape-classes short --problems b1_s128_h384_n12 \
+  --max-candidates 2 --repetitions 2 --min-time 0.01 --confirm 1 --confirm-rounds 5 --no-freeze \
+  --cache "$work/cache" 2>&1 | tr '\r' '\n')
+echo "$confirmed" | grep -v '%|' | tail -4
+echo "$confirmed" | grep -q "tried 2 of 2 candidates (0 from the cache).*'measured': 2" ||
+  { echo "the hand-written search did not measure its two candidates"; exit 1; }
+echo "$confirmed" | grep -q "timing the default and the search's 1 best other candidates again, interleaved, 5 rounds" ||
+  { echo "the finalists were not timed again interleaved"; exit 1; }
+echo "$confirmed" | grep -Eq "confirmed interleaved: its time over the default's, paired: b1_s128_h384_n12 [0-9.]+" ||
+  { echo "no paired ratio for the winner"; exit 1; }
+"$python" - "$(ls "$work"/cache/*/sse41/weighted_sum/confirmed_short/comparison.json)" <<'PY' || exit 1
+import json, sys
+doc = json.load(open(sys.argv[1]))
+[group] = [g for g in doc["groups"] if g["function"] == "weighted_sum"]
+timed = {impl: e["ms"] for impl, e in group["impls"].items() if e.get("ms")}
+assert len(timed) == 2 and all(len(ms) == 5 for ms in timed.values()), timed
+print(f"confirmed interleaved: {sorted(timed)}, 5 rounds each")
+PY
+
+# The rule: the default stays unless a candidate is measurably faster on some problem (its
+# interval below 1) and measurably slower on none.
+"$python" - "$root/tools" <<'PY' || exit 1
+import sys
+sys.path.insert(0, sys.argv[1])
+from autotune import paired_winner
+ratios = {"default": {"a": 1.0, "b": 1.0}, "faster": {"a": 0.9, "b": 0.99}, "noise": {"a": 0.8, "b": 0.8},
+          "mixed": {"a": 0.7, "b": 1.05}}
+intervals = {"default": {"a": (1, 1), "b": (1, 1)}, "faster": {"a": (0.85, 0.95), "b": (0.9, 1.1)},
+             "noise": {"a": (0.5, 1.2), "b": (0.6, 1.1)}, "mixed": {"a": (0.6, 0.8), "b": (1.02, 1.1)}}
+assert paired_winner(ratios, intervals, "default") == "faster"
+del ratios["faster"], intervals["faster"]
+assert paired_winner(ratios, intervals, "default") == "default", "noise or a measurable loss replaced the default"
+print("paired_winner: a measurable gain wins; noise and a measurable loss keep the default")
+PY
 
 # A candidate's bf16 and int8 layers (a library with attention_layer_bf16 or _int8, as
 # tools/autotune.py or a user compiles one) are cases of the harness too, checked against the
