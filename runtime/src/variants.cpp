@@ -398,8 +398,13 @@ const CompiledFunction &function_for(const VariantInfo &variant, const std::stri
     const FunctionTable &table = runnable_functions(variant);
     const auto found = table.find(function);
     if (found == table.end()) {
-        throw Error("variant", "'" + variant.name + "' does not provide " + function +
-                                   " (its schedule source cannot; see not_provided in manifest.json)");
+        // A tuning candidate (attn::detail::load_candidate) is a library that may hold only
+        // the functions it was compiled for; a built variant lacks only what its source cannot.
+        const std::string why = variant.schedule == "candidate"
+                                    ? " (its library " + variant.target + " has no attn_" + function + "_" +
+                                          variant.name.substr(std::string("candidate_").size()) + ")"
+                                    : " (its schedule source cannot; see not_provided in manifest.json)";
+        throw Error("variant", "'" + variant.name + "' does not provide " + function + why);
     }
     if (!variant.runs_own_kernels(function, call))
         return function_for(select_variant(variant.fallback), function, call);

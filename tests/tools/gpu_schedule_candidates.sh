@@ -68,3 +68,8 @@ for suffix in $suffixes; do
   echo "candidate_${suffix}: $ran cases ran and matched the reference"
   (( ran >= 8 )) || { echo "FAIL: candidate_${suffix} ran fewer than 8 cases"; exit 1; }
 done
+# A case of a function a candidate lacks is refused naming what its library lacks (not a
+# schedule source's not_provided, which is a compiled variant's reason).
+grep -Eq "^\[ REFUSED  \] candidate_core \(does not provide attention_layer\): .*its library $work/core/core\.so has no attn_attention_layer_core" \
+  "$work/tests.log" || { echo "FAIL: the refusal does not name the candidate's library"; grep -m3 'REFUSED' "$work/tests.log"; exit 1; }
+echo "candidate_core refuses attention_layer: $(grep -m1 -o 'its library [^)]*' "$work/tests.log")"
