@@ -26,9 +26,11 @@ is timed on all of the host's threads.
                   after a device synchronize (attn_bench synchronizes a GPU call before its
                   clock stops); the comparisons and the device (GPU name, driver, CUDA
                   version) in <out>/measured.json.
-  freeze (here)   per shape class, the winner: the lowest worst-case time relative to the
-                  default parameters over the class's problems (paired per round, median),
-                  then the lowest geometric mean; frozen as generated/tuned/<isa>/<function>.json
+  freeze (here)   per shape class, the winner (autotune.paired_winner): of the candidates
+                  measurably faster than the default parameters on some problem of the class
+                  (the interval of their paired per-round ratio below 1) and no slower by
+                  median on any, the lowest worst-case ratio, then geometric mean; the
+                  default where there is none. Frozen as generated/tuned/<isa>/<function>.json
                   for every function the generator's parameters serve, with the provenance
                   (the device, the timings, the commands) beside it, as tools/autotune.py
                   freezes CPU winners. Once every function of the ISA has a winner, the ISA's
@@ -353,16 +355,16 @@ def freeze(args):
             sys.exit(f"freeze: {shape_class}: the default candidate was not timed on every problem "
                      f"({'; '.join(errors.get(default_key, ['no timing']))})")
         base = times[default_key]
-        scores = {}
-        intervals = {}
+        scores, exact, intervals = {}, {}, {}
         for key, by_problem in times.items():
-            ratios = [paired_ratio(by_problem[p], base[p]) for p in problems]
+            exact[key] = {p: paired_ratio(by_problem[p], base[p]) for p in problems}
+            ratios = list(exact[key].values())
             scores[key] = (max(ratios), math.exp(sum(map(math.log, ratios)) / len(ratios)),
-                           {p: round(r, 4) for p, r in zip(problems, ratios)})
+                           {p: round(r, 4) for p, r in exact[key].items()})
             intervals[key] = {p: report.median_interval([a / b for a, b in zip(by_problem[p], base[p])])
                               for p in problems}
         # The CPU tuner's rule: the default stays unless a candidate is measurably faster.
-        winner_key = autotune.paired_winner({k: s[2] for k, s in scores.items()}, intervals, default_key)
+        winner_key = autotune.paired_winner(exact, intervals, default_key)
         winner = {"source": "manual", "params": kept[winner_key]["params"]}
         provenance = {
             "tuned_through": doc["function"], "generator": doc["generator"], "isa": doc["isa"],

@@ -400,9 +400,10 @@ const CompiledFunction &function_for(const VariantInfo &variant, const std::stri
     if (found == table.end()) {
         // A tuning candidate (attn::detail::load_candidate) is a library that may hold only
         // the functions it was compiled for; a built variant lacks only what its source cannot.
-        const std::string why = variant.schedule == "candidate"
+        const std::string prefix = "candidate_";
+        const std::string why = variant.schedule == "candidate" && variant.name.rfind(prefix, 0) == 0
                                     ? " (its library " + variant.target + " has no attn_" + function + "_" +
-                                          variant.name.substr(std::string("candidate_").size()) + ")"
+                                          variant.name.substr(prefix.size()) + ")"
                                     : " (its schedule source cannot; see not_provided in manifest.json)";
         throw Error("variant", "'" + variant.name + "' does not provide " + function + why);
     }
