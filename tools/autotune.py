@@ -34,7 +34,7 @@ make one look fast or the default slow on a problem. So the default and the --co
 (4) best hand-written candidates of the search are then timed again by bench/compare.py,
 interleaved in --confirm-rounds (7) rounds, and their paired ratios to the default choose
 among them: a candidate replaces the default only where it is measurably faster on some
-problem and measurably slower on none (paired_winner). Without a confirmation (--confirm
+problem and no slower by median on any (paired_winner). Without a confirmation (--confirm
 0), the winner of a class (the lowest worst-case time relative to the hand-written default
 over its problems, then the lowest geometric mean) is chosen from the search's times. It is frozen in
 generated/tuned/<isa>/<function>.json: one entry per class, or one entry for several
@@ -62,6 +62,7 @@ import platform
 import random
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -205,6 +206,23 @@ def search_space(function, isa, seed, sources=None):
     return defaults + rest, {source: candidate_key(source, params) for source, params in defaults}
 
 
+def worst_and_geomean(ratios):
+    """A candidate's score from its times over the default's (lower is better): the worst
+    ratio, then the geometric mean."""
+    ratios = list(ratios)
+    return max(ratios), math.exp(sum(map(math.log, ratios)) / len(ratios))
+
+
+def paired_to_default(times, default_key, problems):
+    """From interleaved times ({key: {problem: [ms per round]}}): each key's paired ratio to the
+    default (the median over rounds of its time over the default's in the same round) and that
+    median's 90% interval, ({key: {problem: ratio}}, {key: {problem: (lo, hi)}})."""
+    base = times[default_key]
+    per_round = {key: {p: [a / b for a, b in zip(by[p], base[p])] for p in problems} for key, by in times.items()}
+    return ({key: {p: statistics.median(r) for p, r in by.items()} for key, by in per_round.items()},
+            {key: {p: report.median_interval(r) for p, r in by.items()} for key, by in per_round.items()})
+
+
 def paired_winner(ratios, intervals, default_key):
     """The candidate an interleaved comparison picks ({key: {problem: paired median of its time
     over the default's}}, with each median's interval): among those measurably faster than the
@@ -213,13 +231,10 @@ def paired_winner(ratios, intervals, default_key):
     none is. A candidate no different from the default passes by chance only if every round
     on one problem favours it and the medians of all the others do too (at 7 rounds and 4
     problems, about 1 in 1,000 per candidate)."""
-    def score(key):
-        values = list(ratios[key].values())
-        return max(values), math.exp(sum(map(math.log, values)) / len(values))
     better = [key for key in ratios if key != default_key
               and any(hi < 1 for _, hi in intervals[key].values())
               and all(r <= 1 for r in ratios[key].values())]
-    return min(better, key=score) if better else default_key
+    return min(better, key=lambda key: worst_and_geomean(ratios[key].values())) if better else default_key
 
 
 def candidate_key(source, params):
@@ -376,8 +391,7 @@ class Tuner:
     def score(self, record, results, problems):
         """The worst ratio over the problems (the winner should be no slower than the default on
         any problem of the class), then the geometric mean of the ratios."""
-        ratios = self.ratios(record, results, problems)
-        return max(ratios), math.exp(sum(map(math.log, ratios)) / len(ratios))
+        return worst_and_geomean(self.ratios(record, results, problems))
 
     # ---- confirming, interleaved ----
 
@@ -386,8 +400,9 @@ class Tuner:
         machine can make the default look slow (or a candidate fast) on a problem. The default
         and the --confirm best hand-written candidates of the search are timed again by
         bench/compare.py, interleaved in --confirm-rounds rounds (as every comparison here):
-        returns {key: {problem: paired median of its time over the default's}} and the
-        confirmation's record for the provenance; ({}, None) with --confirm 0."""
+        returns paired_to_default's (ratios, intervals) and the confirmation's record for the
+        provenance; ({}, None) with --confirm 0 or no other hand-written candidate, and ({}, the
+        record) where the comparison failed."""
         if not self.args.confirm:
             return {}, None
         import gpu_autotune  # here only: it imports this module
@@ -418,11 +433,7 @@ class Tuner:
         if default["key"] not in times:
             sys.exit(f"shape class {shape_class}: the default was not timed in the confirmation "
                      f"({'; '.join(errors.get(default['key'], ['no timing']))})")
-        base = times[default["key"]]
-        ratios = {key: {p: gpu_autotune.paired_ratio(by[p], base[p]) for p in problems} for key, by in times.items()}
-        # Each ratio's distribution-free interval of the median, as the comparisons report it.
-        intervals = {key: {p: report.median_interval([a / b for a, b in zip(by[p], base[p])]) for p in problems}
-                     for key, by in times.items()}
+        ratios, intervals = paired_to_default(times, default["key"], problems)
         record.update(
             time_over_default={key: {p: round(r, 4) for p, r in ratios[key].items()} for key in keys if key in ratios},
             interval_90={key: {p: [round(x, 4) for x in i] for p, i in by.items()} for key, by in intervals.items()},

@@ -51,7 +51,6 @@ import concurrent.futures
 import datetime
 import itertools
 import json
-import math
 import os
 import pathlib
 import random
@@ -334,8 +333,6 @@ def paired_ratio(ms, base_ms):
 
 def freeze(args):
     import autotune  # here only
-    sys.path.insert(0, str(ROOT / "bench"))
-    import report  # bench/report.py: the comparisons' statistics
     folder = pathlib.Path(args.bundle).resolve()
     results = pathlib.Path(args.results).resolve()
     measured = json.loads((results / "measured.json").read_text())
@@ -354,17 +351,11 @@ def freeze(args):
         if default_key not in times:
             sys.exit(f"freeze: {shape_class}: the default candidate was not timed on every problem "
                      f"({'; '.join(errors.get(default_key, ['no timing']))})")
-        base = times[default_key]
-        scores, exact, intervals = {}, {}, {}
-        for key, by_problem in times.items():
-            exact[key] = {p: paired_ratio(by_problem[p], base[p]) for p in problems}
-            ratios = list(exact[key].values())
-            scores[key] = (max(ratios), math.exp(sum(map(math.log, ratios)) / len(ratios)),
-                           {p: round(r, 4) for p, r in exact[key].items()})
-            intervals[key] = {p: report.median_interval([a / b for a, b in zip(by_problem[p], base[p])])
-                              for p in problems}
+        ratios, intervals = autotune.paired_to_default(times, default_key, problems)
+        scores = {key: (*autotune.worst_and_geomean(by.values()), {p: round(r, 4) for p, r in by.items()})
+                  for key, by in ratios.items()}
         # The CPU tuner's rule: the default stays unless a candidate is measurably faster.
-        winner_key = autotune.paired_winner(exact, intervals, default_key)
+        winner_key = autotune.paired_winner(ratios, intervals, default_key)
         winner = {"source": "manual", "params": kept[winner_key]["params"]}
         provenance = {
             "tuned_through": doc["function"], "generator": doc["generator"], "isa": doc["isa"],
