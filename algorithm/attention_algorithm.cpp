@@ -101,25 +101,36 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
         l.k = RDom(0, features, name + "_k");
         l.product(out, s, b) += in(l.k, last(s, tokens), b) * l.weight_transposed(out, l.k);
     } else if (precision == Precision::int8) {
-        // Quads of input features; the last quad is completed by zero weights.
+        // Quads of input features; the last quad is completed by zero weights. Not clamped
+        // (QuantizedRows::values is defined past the row), so that a quad is one 4-byte load,
+        // broadcast to every lane.
         l.product(out, s, b) = 0;
         define_weight_in_groups(l.weight_transposed, weight, layout, 4, features, Int(8));
-        Var pair{"pair"}, pair_in_quad{"pair_in_quad"};
-        const Var in_quad = l.weight_transposed.args()[2];
-        l.weight_widened = Func{name + "_weight_widened"};
-        l.weight_widened(pair, out, pair_in_quad, in_quad) =
-            cast<int16_t>(l.weight_transposed(2 * pair_in_quad + pair, out, in_quad));
-        l.input_widened = Func{name + "_input_widened"};
-        l.input_widened(dims.hidden, s, b) = cast<int16_t>(in(dims.hidden, s, b));
-        l.k = RDom({{0, 4}, {0, (features + 3) / 4}}, name + "_k");
-        // Not clamped (QuantizedRows::values is defined past the row), so that a quad is one
-        // 4-byte load, broadcast to every lane.
-        l.product(out, s, b) += cast<int32_t>(l.input_widened(4 * l.k.y + l.k.x, last(s, tokens), b)) *
-                                cast<int32_t>(l.weight_widened(l.k.x % 2, out, l.k.x / 2, l.k.y));
+        Expr row = last(s, tokens), quads = (features + 3) / 4;
+        if (int8.sum == Int8Sum::quads) {
+            l.k = RDom({{0, 4}, {0, quads}}, name + "_k");
+            l.product(out, s, b) += cast<int32_t>(in(4 * l.k.y + l.k.x, row, b)) *
+                                    cast<int32_t>(l.weight_transposed(l.k.x, out, l.k.y));
+        } else {
+            // Each pair's two products summed in i16 (Int8Sum), reading the grouped weight in
+            // place: the (out_pair, pair) lanes of one quad row are its bytes 2·out_pair + pair.
+            if (layout != WeightLayout::grouped)
+                _halide_user_error << name << ": int8 summed in pairs reads its weight grouped\n";
+            Var out_pair{"out_pair"}, in_quad{"in_quad"};
+            RDom pair(0, 2, name + "_pair");
+            Expr byte = 2 * out_pair + pair;
+            l.pair_sums = Func{name + "_pair_sums"};
+            l.pair_sums(out_pair, s, b, in_quad) = cast<int16_t>(0);
+            l.pair_sums(out_pair, s, b, in_quad) =
+                saturating_add(l.pair_sums(out_pair, s, b, in_quad),
+                               cast<int16_t>(in(4 * in_quad + byte % 4, row, b)) *
+                                   cast<int16_t>(weight(last(byte, 4 * features), in_quad)));
+            l.k = RDom({{0, 2}, {0, quads}}, name + "_k");
+            l.product(out, s, b) += cast<int32_t>(l.pair_sums(2 * out + l.k.x, s, b, l.k.y));
+        }
         // The scales are read at `out` itself, not clamped: the epilogue runs on real outputs
         // only (a clamped vector index would be a gather).
         const QuantizedRows &r = int8.rows;
-        Expr row = last(s, tokens);
         result = r.step(row, b) * int8.weight.scale(out) *
                  cast<float>(l.product(out, s, b) - r.zero(row, b) * int8.weight.sum(out));
     } else {
@@ -256,7 +267,7 @@ WeightedSum weighted_sum(Func probs, Func v_heads, Expr head_dim, Expr s_q, Expr
 
 OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b_o, Func gamma, Func beta, Expr eps,
                                  Expr head_dim, Expr heads, Expr hidden, Expr tokens, WeightLayout layout,
-                                 Precision precision, WeightScales w_o_scales) {
+                                 Precision precision, WeightScales w_o_scales, Int8Sum int8_sum) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     OutputLayerNorm n;
     n.context_heads = ctx_heads;
@@ -288,7 +299,7 @@ OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b
             n.context_rounded(feature, s, b) = context;
             n.context_quantized = quantized_to_u8("context_quantized", n.context_rounded, hidden);
             n.rounded = linear("projection", n.context_quantized.values, w_o, no_bias, hidden, tokens, Func(), layout,
-                               precision, {n.context_quantized, w_o_scales});
+                               precision, {n.context_quantized, w_o_scales, int8_sum});
         }
         n.weight_transposed = n.rounded.weight_transposed;
         n.projection = n.rounded.out;
@@ -554,8 +565,9 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         l.kv_quantized = self_attention ? l.x_quantized : quantized_to_u8("kv_quantized", in.kv, in.hidden);
         l.x_rounded = x = l.x_quantized.values;
         l.kv_rounded = kv = l.kv_quantized.values;
-        q_int8 = {l.x_quantized, scales_of(0)};
+        q_int8 = {l.x_quantized, scales_of(0), in.int8_sum};
         kv_int8.rows = l.kv_quantized;
+        kv_int8.sum = in.int8_sum;
         if (!self_attention && in.kv_is_x.defined()) {
             // What K and V read of the rows: their values, steps and zero points.
             kv = kv_int8.rows.values = kv_or_x(l.x_quantized.values, l.kv_quantized.values, in.kv_is_x, q_rows);
@@ -615,7 +627,7 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     }
     l.output = output_layernorm(ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps, head_dim, in.heads, in.hidden,
                                 q_rows, in.weight_layout, in.precision,
-                                in.precision == Precision::int8 ? scales_of(3) : WeightScales());
+                                in.precision == Precision::int8 ? scales_of(3) : WeightScales(), in.int8_sum);
     return l;
 }
 

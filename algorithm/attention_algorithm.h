@@ -59,6 +59,14 @@ enum class WeightLayout { linear, transposed, grouped };
 // (LayerInputs::core_precision: manifest.json's core_precision, bf16 in the bf16 and int8 layers).
 enum class Precision { fp32, bf16, int8 };
 
+// How an int8 GEMM sums its u8 × i8 products, exactly either way: in i32 a quad of input
+// features at a time, the unit of AVX512_VNNI's vpdpbusd; or, on a CPU without VNNI, each pair
+// of products first in i16 with a saturating add that never saturates (the weights are in
+// [-63, 63], attn::kInt8WeightLimit, so |a·w + a'·w'| <= 2·255·63 = 32130 < 32767), AVX2's
+// vpmaddubsw, then two pairs into i32 (vpmaddwd by ones): about twice the products of an FMA
+// an instruction, where the pairs widened to i16 (vpmaddwd alone) ran at fp32's speed.
+enum class Int8Sum { quads, pairs_in_i16 };
+
 // Rows of activations quantized to u8 per token row (DESIGN.md, "Reduced precision"): the
 // row's range [low, high] = [min(0, min x), max(0, max x)] in 255 steps of `step`, zero at
 // `zero`; value = clamp(round(x · inverse_step) + zero, 0, 255), round to nearest even, so
@@ -101,25 +109,28 @@ struct Linear {
     // a schedule vectorizes over (pair, out) for vdpbf16ps; int8 likewise in quads,
     // (quad, out, in_quad), for vpdpbusd.
     Halide::Func weight_transposed;
-    // bf16 and int8: the operands the product multiplies, widened exactly (bf16 to f32, int8
-    // and u8 to i16). A target with the reduced-precision products inlines them (vdpbf16ps
-    // and vpdpbusd take the pairs and quads as they are); elsewhere a schedule computes them
-    // once, a panel of weights and the rows, so that its register tiles load ready operands:
-    // bf16 runs the fp32 loop, int8 pmaddwd on pairs. bf16: weight_widened(pair, out,
-    // in_pair), as weight_transposed. int8: weight_widened(pair, out, pair_in_quad, in_quad)
-    // = W[out, 4·in_quad + 2·pair_in_quad + pair], each pair of vw outputs adjacent.
+    // bf16: the operands the product multiplies, widened exactly to f32. A target with
+    // vdpbf16ps inlines them (it takes the pairs as they are); elsewhere a schedule computes
+    // them once, a panel of weights and the rows, so that its register tiles load ready
+    // operands and run the fp32 loop: weight_widened(pair, out, in_pair), as weight_transposed.
     Halide::Func weight_widened, input_widened;
+    // int8 summed in pairs (Int8Sum::pairs_in_i16): pair_sums(out_pair, seq, batch, in_quad),
+    // out_pair = 2·out + pair_in_quad, the i16 sum of the pair's two products (an update over
+    // its two features), which the product sums into i32 two at a time.
+    Halide::Func pair_sums;
     WeightLayout weight_layout;  // transposed, grouped: weight_transposed only reads the weight
     Precision precision;
     Halide::Func product;  // (out, seq, batch): Σ_k in · Wᵀ, the GEMM (int8: in i32)
     Halide::Func out;      // (out, seq, batch): product + bias (int8: dequantized first), in out_type
-    Halide::RDom k;        // fp32: (k); bf16: (pair, in_pair), the feature 2·in_pair + pair; int8: (quad, in_quad)
+    Halide::RDom k;        // fp32: (k); bf16: (pair, in_pair), the feature 2·in_pair + pair; int8: (quad, in_quad),
+                           // or in pairs (pair_in_quad, in_quad)
     Halide::RDom row;      // the rows computed, when only some are; else undefined
 };
 // int8 only: the rows' quantization and the weight's scales.
 struct Int8Operands {
     QuantizedRows rows;
     WeightScales weight;
+    Int8Sum sum = Int8Sum::quads;
 };
 Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Halide::Func bias, Halide::Expr features,
               Halide::Expr tokens, Halide::Func rows = Halide::Func(), WeightLayout layout = WeightLayout::linear,
@@ -213,7 +224,7 @@ OutputLayerNorm output_layernorm(Halide::Func ctx_heads, Halide::Func residual, 
                                  Halide::Func gamma, Halide::Func beta, Halide::Expr eps, Halide::Expr head_dim,
                                  Halide::Expr heads, Halide::Expr hidden, Halide::Expr tokens,
                                  WeightLayout layout = WeightLayout::linear, Precision precision = Precision::fp32,
-                                 WeightScales w_o_scales = WeightScales());
+                                 WeightScales w_o_scales = WeightScales(), Int8Sum int8_sum = Int8Sum::quads);
 
 // The block sizes of the flash core (generator parameters query_block, key_block and
 // key_chunk). They belong to the algorithm: the online softmax folds in one key block at a
@@ -338,6 +349,7 @@ struct LayerInputs {
     // int8: the four weights are int8, and weight_scales (out, quantity, projection) holds, for
     // the projections q, k, v, o (0-3), each output's scale (quantity 0) and quantized sum (1).
     Halide::Func weight_scales;
+    Int8Sum int8_sum = Int8Sum::quads;  // int8: how the products are summed (the target's instructions)
     Halide::Func key_padding_mask;  // (key, batch)
     Halide::Func bias;              // (key, query, head, batch)
     Halide::Expr bias_keys;         // the bias's extent along keys, S_k or more (flash_attention)

@@ -83,6 +83,9 @@ public:
                                << (output_probs ? "with output_probs" : "for a GPU") << "\n";
         in.weight_layout = layer_weights(get_target(), precision);
         if (weight_scales) in.weight_scales = *weight_scales;
+        // (The schedules' instructions decide it: vpdpbusd sums quads, AVX2 pairs first.)
+        if (precision == Precision::int8)
+            in.int8_sum = attn_sched::native_int8(get_target()) ? Int8Sum::quads : Int8Sum::pairs_in_i16;
         in.bias = bias;
         in.bias_keys = bias.dim(0).extent();
         in.causal = causal, in.heads = heads, in.eps = eps;

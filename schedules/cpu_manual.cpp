@@ -44,22 +44,29 @@ bool native_bf16(const Target &target) {
            target.has_feature(Target::AVX512_SapphireRapids) || target.has_feature(Target::AVX10_1);
 }
 
+}  // namespace
+
 // Whether the target sums u8·i8 quads natively (VNNI's vpdpbusd: avxvnni, and the targets
-// above). Elsewhere an int8 GEMM multiplies pairs of operands widened to i16 once, before its
-// tiles (pmaddwd), as exact.
+// above). Elsewhere an int8 GEMM sums each pair of products in i16 first (vpmaddubsw:
+// attn_gen::Int8Sum::pairs_in_i16), as exact.
 bool native_int8(const Target &target) { return target.has_feature(Target::AVXVNNI) || native_bf16(target); }
+
+namespace {
 
 // Computes the reduction `tile` (a pure init and one update over `reduction`) as a
 // register tile of `columns` × t.tile_rows at `at`: `column` vectorized and unrolled,
 // `row` unrolled, the reduction outside both. A bf16 or int8 GEMM's reduction starts with
 // its pair or quad of features (attn_gen::Linear::k): the group and the lanes are one
 // vector of 2·vw or 4·vw products summed groupwise into vw lanes (vdpbf16ps, vpdpbusd).
-// Without them the operands are widened before the tile (attn_gen::Linear::weight_widened,
-// input_widened): bf16 multiplies them as fp32 does; int8 takes each quad as two pairs, a
-// pair and the lanes one vector of 2·vw i16 products summed pairwise (pmaddwd).
+// Without vdpbf16ps the operands are widened before the tile (attn_gen::Linear::weight_widened,
+// input_widened) and bf16 multiplies them as fp32 does. Without vpdpbusd, int8's `pair_sums`
+// (attn_gen::Linear::pair_sums) are computed at each row of the tile, a vector of 2·vw i16
+// sums from 4·vw bytes of a quad row of the weight and one quad of the row broadcast
+// (vpmaddubsw), and the tile sums each vector's adjacent pairs into vw i32 lanes (vpmaddwd
+// by ones).
 void register_tile(Func tile, const Var &column, const Var &row, const std::vector<RVar> &reduction, int columns,
                    LoopLevel at, const CpuTiling &t, const Target &target,
-                   attn_gen::Precision precision = attn_gen::Precision::fp32) {
+                   attn_gen::Precision precision = attn_gen::Precision::fp32, Func pair_sums = Func()) {
     const int vw = vector_width(target);
     Var vec{"vec"}, lane{"lane"};
     tile.compute_at(at)
@@ -73,18 +80,31 @@ void register_tile(Func tile, const Var &column, const Var &row, const std::vect
     const bool bf16 = precision == attn_gen::Precision::bf16, int8 = precision == attn_gen::Precision::int8;
     const bool native = (bf16 && native_bf16(target)) || (int8 && native_int8(target));
     if (native || int8) {
-        // The group summed into each lane: the pair or quad itself, or without VNNI each
-        // quad's pairs, one after the other.
+        // The group summed into each lane: the pair or quad of input features, or without VNNI
+        // a quad's two pair sums.
         RVar group = reduction[0], group_lane{"group_lane"};
         std::vector<VarOrRVar> order{group, lane, vec, row};
-        if (!native) {
-            RVar pair_in_quad{"pair_in_quad"}, pair{"pair"};
-            update.split(group, pair_in_quad, pair, 2);
-            group = pair;
-            order = {pair, lane, vec, row, pair_in_quad};
-        }
         order.insert(order.end(), reduction.begin() + 1, reduction.end());
         update.reorder(order).fuse(group, lane, group_lane).atomic().vectorize(group_lane).unroll(vec).unroll(row);
+        if (native) return;
+        // A row's pair sums, one vector of 2·vw per vector of the tile: the pair's two bytes
+        // and the lanes one vector of 4·vw products (atomic: Halide cannot prove a saturating
+        // add associative, and it never saturates here).
+        const Var out_pair = pair_sums.args()[0];
+        const RVar pair = pair_sums.rvars(0)[0];
+        Var pair_vector{"pair_vector"}, pair_lane{"pair_lane"};
+        RVar byte_lane{"byte_lane"};
+        pair_sums.compute_at(tile, row)
+            .split(out_pair, pair_vector, pair_lane, 2 * vw)
+            .vectorize(pair_lane)
+            .unroll(pair_vector);
+        pair_sums.update()
+            .split(out_pair, pair_vector, pair_lane, 2 * vw)
+            .reorder(pair, pair_lane, pair_vector)
+            .fuse(pair, pair_lane, byte_lane)
+            .atomic(true)
+            .vectorize(byte_lane)
+            .unroll(pair_vector);
         return;
     }
     std::vector<VarOrRVar> order{lane, vec, row};
@@ -142,11 +162,19 @@ void schedule_rows(Func rows, const Target &target) {
 // Given `reads` (a condition uniform over the call), each branch is compiled apart, so that a
 // product reading select(reads, ...) reads one operand (attn_gen::LayerInputs::kv_is_x).
 void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const std::vector<RVar> &reduction,
-                         VarOrRVar rows, LoopLevel at, const CpuTiling &t, const Target &target,
+                         VarOrRVar rows, LoopLevel at, CpuTiling t, const Target &target,
                          attn_gen::Precision precision = attn_gen::Precision::fp32,
                          attn_gen::WeightLayout layout = attn_gen::WeightLayout::linear, Expr reads = Expr(),
-                         Func weight_widened = Func(), Func input_widened = Func()) {
+                         Func weight_widened = Func(), Func input_widened = Func(), Func pair_sums = Func()) {
     const int vw = vector_width(target), panel = vw * t.tile_vectors;
+    if (pair_sums.defined()) {
+        // int8 in pairs holds, beside the accumulators, the tile's weight vectors, the broadcast
+        // quad, a pair sum and the ones vpmaddwd multiplies by: at 4 × 3 on AVX2's 16 registers
+        // two accumulators lived on the stack, and the loop waited on their stores (1.34x the
+        // time of 3 × 3 at B=1 S=128). So its rows are at most what the registers hold.
+        const int registers = target.has_feature(Target::AVX512) ? 32 : 16;
+        t.tile_rows = std::max(1, std::min(t.tile_rows, (registers - 3 - t.tile_vectors) / t.tile_vectors));
+    }
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var oo{"oo"}, oi{"oi"}, in_feature{"in_feature"}, ko{"ko"}, ki{"ki"};
     VarOrRVar so("so", rows.is_rvar), si("si", rows.is_rvar), sb("sb", rows.is_rvar), s_in("s_in", rows.is_rvar);
@@ -174,31 +202,21 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
     };
     if (reads.defined()) tasks(stage.specialize(reads));
     tasks(stage);
-    const bool widened = (precision == attn_gen::Precision::bf16 && !native_bf16(target)) ||
-                         (precision == attn_gen::Precision::int8 && !native_int8(target));
+    const bool widened = precision == attn_gen::Precision::bf16 && !native_bf16(target);
     const bool panel_layout = precision != attn_gen::Precision::fp32 && !widened;
     if ((layout == attn_gen::WeightLayout::grouped && panel_layout) ||
         (layout == attn_gen::WeightLayout::transposed && precision == attn_gen::Precision::fp32)) {
-        register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
+        register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision, pair_sums);
         return;
     }
     if (widened) {
-        // The panel widened once per call (from the reduced weight, a half or a quarter of
-        // fp32's bytes) and the rows once, so that the register tiles load ready operands: one
-        // load or broadcast per vector of products (widened in the tile, the widening took as
-        // many vector operations as the multiply-adds). bf16: outputs innermost, one vector
-        // per feature, fp32's loop. int8: (pair, out, pair_in_quad, in_quad), as stored, a
-        // vector of vw outputs' pairs per load for pmaddwd.
+        // The panel widened once per call (from the bf16 weight, half fp32's bytes) and the
+        // rows once, so that the register tiles load ready operands: one load or broadcast per
+        // vector of products (widened in the tile, the widening took as many vector operations
+        // as the multiply-adds), outputs innermost, one vector per feature, fp32's loop.
         std::vector<Var> w = weight_widened.args();
         weight_widened.compute_at(out, oo).bound_extent(o, panel).bound_extent(w[0], 2);
-        if (precision == attn_gen::Precision::bf16) {
-            weight_widened.reorder(w[0], o, w[2]).vectorize(o, vw).unroll(w[0]).reorder_storage(o, w[0], w[2]);
-        } else {
-            // A vector of pairs of outputs at a time, as stored (the quads' bytes shuffled).
-            Var pair_out{"pair_out"};
-            weight_widened.bound_extent(w[2], 2).reorder(w[0], o, w[2], w[3]).fuse(w[0], o, pair_out)
-                .vectorize(pair_out, 2 * vw).unroll(w[2]);
-        }
+        weight_widened.reorder(w[0], o, w[2]).vectorize(o, vw).unroll(w[0]).reorder_storage(o, w[0], w[2]);
         schedule_rows(input_widened, target);
         register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
         return;
@@ -219,7 +237,7 @@ void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, c
                          Expr reads = Expr()) {
     const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
     schedule_panel_gemm(l.out, l.weight_transposed, l.product, rvars(l.k), rows, at, t, target, l.precision,
-                        l.weight_layout, reads, l.weight_widened, l.input_widened);
+                        l.weight_layout, reads, l.weight_widened, l.input_widened, l.pair_sums);
 }
 
 // The bf16 activations Q and then K and V read, each rounded once (one Func for both in
@@ -349,7 +367,7 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
         if (n.context_quantized.values.defined()) schedule_quantized(n.context_quantized, target);
         schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, rvars(n.rounded.k), s, LoopLevel::root(),
                             t, target, n.rounded.precision, n.weight_layout, Expr(), n.rounded.weight_widened,
-                            n.rounded.input_widened);
+                            n.rounded.input_widened, n.rounded.pair_sums);
     } else {
         schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, rvars(n.in_feature), s, LoopLevel::root(), t,
                             target, attn_gen::Precision::fp32, n.weight_layout);
@@ -503,6 +521,17 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
     }
     schedule_projection(l.q, LoopLevel::root(), t, target);
     for (attn_gen::Linear kv : {l.k, l.v}) schedule_projection(kv, LoopLevel::root(), t, target, l.kv_is_x);
+    if (l.k.pair_sums.defined() && l.kv_is_x.defined() && l.k.input.name() != l.x_quantized.values.name()) {
+        // K's and V's u8 rows copied once from x's or kv's quantization (kv_or_x): read in place,
+        // the select's two loads share one index, which then hides each quad's broadcast load
+        // from the instruction selection (a gather of 4·vw bytes instead). A pass over B·S·H bytes.
+        Var so{"so"}, si{"si"};
+        l.k.input.compute_root()
+            .split(dims.seq, so, si, 16, kGuard)
+            .parallel(so)
+            .vectorize(dims.hidden, 4 * vw, kGuard);
+        l.k.input.specialize(l.kv_is_x);
+    }
     if (probs_are_output) {
         // The caller asked for the probabilities: they are an S×S output anyway.
         Var head_batch{"head_batch"}, pio{"pio"}, pii{"pii"};

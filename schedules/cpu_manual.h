@@ -34,6 +34,10 @@ struct CpuTiling {
     int context_vectors;
 };
 
+// Whether the target sums u8·i8 quads natively (vpdpbusd), which decides how the algorithm
+// sums int8 products (attn_gen::Int8Sum).
+bool native_int8(const Halide::Target &target);
+
 void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const CpuTiling &tiling,
                                  const Halide::Target &target);
 void schedule_attention_scores_cpu(attn_gen::Scores scores, const CpuTiling &tiling, const Halide::Target &target);

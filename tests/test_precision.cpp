@@ -35,13 +35,14 @@ TEST(Bf16, RoundsToNearestTiesToEven) {
 }
 
 TEST(Int8, QuantizesWeightsPerOutputFeature) {
-    // Row 0: its largest magnitude, 2.54, becomes ±127 (scale 0.02); 0.01 is half a step, to
-    // even (0), 0.03 one and a half, to even (2). Row 1, zeros: scale 1.
-    const std::vector<float> w{2.54f, -2.54f, 0.01f, 0.03f, 0, 0, 0, 0};
+    // Row 0: its largest magnitude, 1.26, becomes ±63 (kInt8WeightLimit; scale 0.02); 0.01 is
+    // half a step, to even (0), 0.03 one and a half, to even (2). Row 1, zeros: scale 1.
+    ASSERT_EQ(kInt8WeightLimit, 63);
+    const std::vector<float> w{1.26f, -1.26f, 0.01f, 0.03f, 0, 0, 0, 0};
     const Int8Weight q = quantize_int8({w.data(), w.size(), {2, 4}});
-    EXPECT_FLOAT_EQ(q.scales[0], 2.54f / 127.0f);
+    EXPECT_FLOAT_EQ(q.scales[0], 1.26f / 63.0f);
     EXPECT_EQ(q.scales[1], 1.0f);
-    EXPECT_EQ(std::vector<int>(q.values.begin(), q.values.begin() + 4), (std::vector<int>{127, -127, 0, 2}));
+    EXPECT_EQ(std::vector<int>(q.values.begin(), q.values.begin() + 4), (std::vector<int>{63, -63, 0, 2}));
     EXPECT_EQ(q.sums[0], 2);
     EXPECT_EQ(q.sums[1], 0);
 }
@@ -277,9 +278,11 @@ TEST(Int8, RefusesWeightsItCannotQuantize) {
     expect_error("w_k", "expected finite values to quantize to int8, got inf at [0, 7]",
                  [&] { Attention(reduced_config(d.problem, Precision::int8, true), d.weights()); });
     Problem wide = small();
-    wide.hidden = 40000, wide.heads = 1;
+    // (2^31 / (2 · 255 · 63) − 4 = 66833 is the largest.)
+    wide.hidden = 66834, wide.heads = 1;
     Config config = reduced_config(wide, Precision::int8, true);
-    expect_error("hidden_size", "with int8 (its i32 sums), got 40000", [&] { Attention(config, d.weights()); });
+    expect_error("hidden_size", "expected at most 66833 with int8 (its i32 sums), got 66834",
+                 [&] { Attention(config, d.weights()); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, ReducedPrecisionTest, ::testing::Values(Precision::bf16, Precision::int8),

@@ -3,7 +3,8 @@
 Halide's own simd_op_check does: every bf16 function (manifest.json: precision) built for an
 ISA with avx512bf16 must use vdpbf16ps, and every int8 one built for an ISA with avx512vnni
 vpdpbusd, in each of its register tiles (manifest.json: register_tiles); one built for an ISA without the feature (the
-fallback) must use none, and no AVX-512 register either, so that it runs where AVX-512 does not.
+fallback) must use none, and no AVX-512 register either, so that it runs where AVX-512 does not; an int8 fallback
+must use vpmaddubsw in each of its register tiles instead (its pairs summed in 16 bits, attn_gen::Int8Sum).
 
     python3 tools/isa_check.py --build build/release          # every bf16 and int8 object this build made
     python3 tools/isa_check.py --build build/release --show   # and the counts per object
@@ -20,9 +21,9 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import manifest  # noqa: E402
 
-# Per reduced precision: the instruction of its products, and the CPU feature it needs
-# (manifest.json's cpu_features name).
-INSTRUCTIONS = {"bf16": ("vdpbf16ps", "avx512bf16"), "int8": ("vpdpbusd", "avx512vnni")}
+# Per reduced precision: the instruction of its products, the CPU feature it needs
+# (manifest.json's cpu_features name), and the fallback's instruction (None: plain f32 arithmetic).
+INSTRUCTIONS = {"bf16": ("vdpbf16ps", "avx512bf16", None), "int8": ("vpdpbusd", "avx512vnni", "vpmaddubsw")}
 
 
 def count(disassembly, pattern):
@@ -35,13 +36,14 @@ def check(m, build, arch, show):
         precision = m.precision(lib["function"])
         if precision not in INSTRUCTIONS or lib["object"] != lib["name"]:
             continue  # (a library generated once for several is checked as the one whose object it uses)
-        instruction, feature = INSTRUCTIONS[precision]
+        instruction, feature, fallback = INSTRUCTIONS[precision]
         path = pathlib.Path(build) / f"{lib['name']}.o"
         if not path.exists():
             continue  # not made by this build (ATTN_ONLY_VARIANTS, or prebuilt kernels)
         text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(path)], capture_output=True, text=True,
                               check=True).stdout
         dot, zmm = count(text, rf"\b{instruction}\b"), count(text, r"%zmm\d+")
+        fallback_dot = count(text, rf"\b{fallback}\b") if fallback else 0
         native = feature in m.isas[lib["isa"]]["cpu_features"]
         # Each register tile is at least the hand-written schedule's rows × its vectors (the
         # manual parameters' defaults) products: fewer, and some tile lost the instruction.
@@ -50,13 +52,17 @@ def check(m, build, arch, show):
         needed = sum(defaults["tile_rows"] * defaults[t] for t in tiles)
         checked += 1
         if show:
-            print(f"{lib['name']}: {dot} {instruction}, {zmm} zmm operands ({'native' if native else 'fallback'})")
+            print(f"{lib['name']}: {dot} {instruction}, {fallback_dot} {fallback or '-'}, {zmm} zmm operands "
+                  f"({'native' if native else 'fallback'})")
         if native and dot < needed:
             failures.append(f"{path.name}: {dot} {instruction}, expected at least {needed} (its {len(tiles)} register "
                             f"tiles) on {lib['isa']}, which has {feature}")
         if not native and (dot or (zmm and "avx512f" not in m.isas[lib["isa"]]["cpu_features"])):
             failures.append(f"{path.name}: {dot} {instruction} and {zmm} zmm operands on {lib['isa']}, which has "
                             f"neither {feature} nor, unless listed, AVX-512")
+        if not native and fallback and fallback_dot < needed:
+            failures.append(f"{path.name}: {fallback_dot} {fallback}, expected at least {needed} (its {len(tiles)} "
+                            f"register tiles) on {lib['isa']}, which lacks {feature}")
     return checked, failures
 
 

@@ -380,8 +380,9 @@ class AttentionLayer:
     the weight matrices quantized once, here, per output feature, the inputs of each projection
     quantized to u8 per token as they enter, i32 sums dequantized in f32; the core's products
     in bf16 as above; on a CPU with avx512vnni, or,
-    with allow_storage_only=True, without vpdpbusd elsewhere (the same results, at about
-    fp32's speed on AVX2).
+    with allow_storage_only=True, without vpdpbusd elsewhere (the same results: the weights are
+    7-bit, [-63, 63], everywhere, so AVX2 sums pairs of products in 16 bits with vpmaddubsw,
+    about 1.5x fp32's speed there).
 
     torch.bfloat16 tensors (a model in bf16) are taken too, in every precision: the weights
     widened once, here, to float32 copies (so later changes to them are not seen; with

@@ -42,10 +42,11 @@ Int8Weight quantize_int8(const ConstTensor &weight, const char *name) {
         const float *row = weight.data + o * in;
         float largest = 0;
         for (int64_t i = 0; i < in; ++i) largest = std::max(largest, std::abs(row[i]));
-        const float scale = largest / 127.0f > 0 ? largest / 127.0f : 1.0f;  // (1 for zeros, or if it underflows)
+        constexpr float limit = float(kInt8WeightLimit);
+        const float scale = largest / limit > 0 ? largest / limit : 1.0f;  // (1 for zeros, or if it underflows)
         int32_t sum = 0;
         for (int64_t i = 0; i < in; ++i) {
-            const auto v = int8_t(std::clamp(std::nearbyint(row[i] / scale), -127.0f, 127.0f));
+            const auto v = int8_t(std::clamp(std::nearbyint(row[i] / scale), -limit, limit));
             q.values[std::size_t(o * in + i)] = v;
             sum += v;
         }

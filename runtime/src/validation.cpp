@@ -66,8 +66,8 @@ void check_config(const Config &c, bool layer) {
         throw Error("precision", "expected " + precision_names() + ", got " + std::to_string(int(c.precision)));
     if (c.precision == Precision::int8 && !layer)
         throw Error("precision", "the stages run in fp32 or bf16; int8 is a precision of the whole layer (attn::Attention)");
-    // int8: |Σ q·w − zero·Σ w| <= 2 · 255 · 127 · H must fit the i32 sums.
-    constexpr int64_t kLargestInt8Hidden = (int64_t(1) << 31) / (2 * 255 * 127) - 4;
+    // int8: |Σ q·w − zero·Σ w| <= 2 · 255 · kInt8WeightLimit · H must fit the i32 sums.
+    constexpr int64_t kLargestInt8Hidden = (int64_t(1) << 31) / (2 * 255 * kInt8WeightLimit) - 4;
     if (c.precision == Precision::int8 && c.hidden_size > kLargestInt8Hidden)
         throw Error("hidden_size", "expected at most " + std::to_string(kLargestInt8Hidden) +
                                        " with int8 (its i32 sums), got " + std::to_string(c.hidden_size));
