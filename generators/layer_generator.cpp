@@ -26,7 +26,8 @@ public:
     Input<Buffer<float, 3>> x{"x"};
     // Prepared once by the runtime (layer_weights below): in fp32 nn.Linear's transposed,
     // (out, in) = [H_in, H_out]; in bf16 and int8 in pairs or quads of input features,
-    // (group·out + lane, in_group). float, bfloat16 in bf16, int8 in int8
+    // (group·out + lane, in_group). float, bfloat16 in bf16, int8 in int8, in [-63, 63]
+    // (attn::kInt8WeightLimit: without VNNI the pairs' i16 sums would saturate beyond it)
     // (configure).
     Input<Buffer<void, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"}, w_o{"w_o"};
     Input<Buffer<float, 1>> b_q{"b_q"}, b_k{"b_k"}, b_v{"b_v"}, b_o{"b_o"};  // [H]

@@ -79,6 +79,9 @@ void register_tile(Func tile, const Var &column, const Var &row, const std::vect
     update.split(column, vec, lane, vw);
     const bool bf16 = precision == attn_gen::Precision::bf16, int8 = precision == attn_gen::Precision::int8;
     const bool native = (bf16 && native_bf16(target)) || (int8 && native_int8(target));
+    if (int8 && !native && !pair_sums.defined())
+        _halide_user_error << tile.name() << ": int8 without vpdpbusd sums its products in pairs "
+                           << "(attn_gen::Int8Sum::pairs_in_i16), which the algorithm was not given\n";
     if (native || int8) {
         // The group summed into each lane: the pair or quad of input features, or without VNNI
         // a quad's two pair sums.
@@ -154,8 +157,8 @@ void schedule_rows(Func rows, const Target &target) {
 // A reduced-precision panel is stored as the tile reads it. With the native instructions it
 // is attn_gen::Linear::weight_transposed, its group innermost: bf16 (pair, out, in_pair),
 // one load vw outputs' pairs; int8 (quad, out, in_quad), one load vw outputs' quads. Without
-// them it is Linear::weight_widened: bf16 in f32, outputs innermost, one vector per feature;
-// int8 in i16, (pair, out, pair_in_quad, in_quad), one load vw outputs' pairs.
+// them bf16's is Linear::weight_widened, in f32, outputs innermost, one vector per feature;
+// int8 reads its quads in place, summing them in pairs (Linear::pair_sums, register_tile).
 // A weight prepared in its groups (attn_gen::WeightLayout::grouped) is already stored as a
 // native panel is, and an fp32 one prepared transposed (WeightLayout::transposed) has each
 // input feature's outputs contiguous: the tiles read either in place, with no panel.

@@ -285,6 +285,44 @@ TEST(Int8, RefusesWeightsItCannotQuantize) {
                  [&] { Attention(config, d.weights()); });
 }
 
+// The int8 pairs at their extreme: every activation quantized to 255 (x constant and positive:
+// the row's range is [0, x]) and every weight to ±kInt8WeightLimit (all of one magnitude, the
+// sign in pairs of input features), so that each pair of products sums to ±2·255·63 = ±32130,
+// the most a 16-bit pair sum (AVX2's vpmaddubsw, attn_gen::Int8Sum) ever holds; the signs
+// vary with the output feature so that LayerNorm sees distinct values. Every int8 variant that
+// runs here, against the double reference of the same quantization.
+TEST(Int8, PairsAtTheLargestSumMatchTheReference) {
+    Problem p;
+    p.batch = 2, p.s_q = p.s_k = 13, p.hidden = 64, p.heads = 2;
+    LayerData d(p);
+    ATTN_SKIP_WITHOUT(Precision::int8, d);
+    std::fill(d.x.begin(), d.x.end(), 0.75f);
+    for (std::vector<float> *w : {&d.w_q, &d.w_k, &d.w_v, &d.w_o})
+        for (int64_t o = 0; o < p.hidden; ++o)
+            for (int64_t i = 0; i < p.hidden; ++i)
+                (*w)[std::size_t(o * p.hidden + i)] = ((i / 2 + o) % 3 == 0 ? -0.04f : 0.04f);
+    const Config config = reduced_config(p, Precision::int8, true);
+    const Int8Weight q = quantize_int8({d.w_q.data(), d.w_q.size(), {p.hidden, p.hidden}});
+    ASSERT_EQ(*std::max_element(q.values.begin(), q.values.end()), kInt8WeightLimit);
+    ASSERT_EQ(*std::min_element(q.values.begin(), q.values.end()), -kInt8WeightLimit);
+    std::vector<uint8_t> row(std::size_t(p.hidden));
+    quantize_row_u8(d.x.data(), p.hidden, row.data());
+    ASSERT_EQ(*std::min_element(row.begin(), row.end()), 255);
+    const auto exact = reference::attention_layer<double>(config, d.weights(), d.inputs());
+    const auto plain = reference::attention_layer<float>(config, d.weights(), d.inputs());
+    const std::vector<double> allowance = reference::context_allowance(config, d.weights(), d.inputs(), exact, plain);
+    int ran = 0;
+    for (const VariantInfo *v : precision_variants(Precision::int8)) {
+        if (!v->runnable) continue;
+        std::vector<float> y(exact.y.size());
+        Attention(config, d.weights(), v->name).forward(d.inputs(), view(y, {p.batch, p.s_q, p.hidden}));
+        const Accuracy a = check_accuracy(y.data(), exact.y, plain.y, allowance);
+        EXPECT_TRUE(a.ok) << a.report(v->name);
+        ++ran;
+    }
+    if (ran == 0) GTEST_SKIP() << "no int8 variant runs on this CPU";
+}
+
 INSTANTIATE_TEST_SUITE_P(Precisions, ReducedPrecisionTest, ::testing::Values(Precision::bf16, Precision::int8),
                          precision_param_name);
 

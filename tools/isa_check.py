@@ -60,9 +60,12 @@ def check(m, build, arch, show):
         if not native and (dot or (zmm and "avx512f" not in m.isas[lib["isa"]]["cpu_features"])):
             failures.append(f"{path.name}: {dot} {instruction} and {zmm} zmm operands on {lib['isa']}, which has "
                             f"neither {feature} nor, unless listed, AVX-512")
-        if not native and fallback and fallback_dot < needed:
-            failures.append(f"{path.name}: {fallback_dot} {fallback}, expected at least {needed} (its {len(tiles)} "
-                            f"register tiles) on {lib['isa']}, which lacks {feature}")
+        # (The int8 fallback's tiles hold fewer rows, as many as the registers allow beside the
+        # pairs' operands: at least one row of each tile's vectors.)
+        fallback_needed = sum(defaults[t] for t in tiles)
+        if not native and fallback and fallback_dot < fallback_needed:
+            failures.append(f"{path.name}: {fallback_dot} {fallback}, expected at least {fallback_needed} (its "
+                            f"{len(tiles)} register tiles) on {lib['isa']}, which lacks {feature}")
     return checked, failures
 
 
