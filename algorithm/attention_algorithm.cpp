@@ -171,26 +171,32 @@ Var pair{"pair"}, head_dim_pair{"head_dim_pair"}, key_pair{"key_pair"};
 Expr bf16_zero() { return cast(BFloat(16), 0.0f); }
 }  // namespace
 
-Func queries_bf16(const std::string &name, Func q_heads, Expr head_dim, Expr s_q) {
+// x rounded to bf16, as `type` (bf16, or the f32 value it rounds to).
+Expr rounded_as(Type type, Expr x) { return cast(type, cast(BFloat(16), x)); }
+
+Func queries_bf16(const std::string &name, Func q_heads, Expr head_dim, Expr s_q, Type operand_type) {
     const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch;
     Func q{name};
-    q(e, h, i, b) = select(e < head_dim, cast(BFloat(16), q_heads(last(e, head_dim), h, last(i, s_q), b)), bf16_zero());
+    q(e, h, i, b) = select(e < head_dim, rounded_as(operand_type, q_heads(last(e, head_dim), h, last(i, s_q), b)),
+                           rounded_as(operand_type, 0.0f));
     return q;
 }
 
-Func keys_in_pairs(const std::string &name, Func k_heads, Expr head_dim, Expr s_k) {
+Func keys_in_pairs(const std::string &name, Func k_heads, Expr head_dim, Expr s_k, Type operand_type) {
     const Var &j = dims.key, &h = dims.head, &b = dims.batch;
     Expr feature = 2 * head_dim_pair + pair;
     Func k{name};
-    k(pair, j, head_dim_pair, h, b) = select(
-        feature < head_dim, cast(BFloat(16), k_heads(last(feature, head_dim), h, last(j, s_k), b)), bf16_zero());
+    k(pair, j, head_dim_pair, h, b) =
+        select(feature < head_dim, rounded_as(operand_type, k_heads(last(feature, head_dim), h, last(j, s_k), b)),
+               rounded_as(operand_type, 0.0f));
     return k;
 }
 
-Func values_in_pairs(const std::string &name, Func v_heads, Expr head_dim, Expr s_k) {
+Func values_in_pairs(const std::string &name, Func v_heads, Expr head_dim, Expr s_k, Type operand_type) {
     const Var &e = dims.head_dim, &h = dims.head, &b = dims.batch;
     Func v{name};
-    v(pair, e, key_pair, h, b) = cast(BFloat(16), v_heads(last(e, head_dim), h, last(2 * key_pair + pair, s_k), b));
+    v(pair, e, key_pair, h, b) =
+        rounded_as(operand_type, v_heads(last(e, head_dim), h, last(2 * key_pair + pair, s_k), b));
     return v;
 }
 
@@ -338,7 +344,7 @@ Func last_real_key(Func key_padding_mask, Expr s_k) {
 
 FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func key_padding_mask, Func key_end, Func bias,
                                Expr bias_keys, Expr causal, Expr head_dim, Expr s_q, Expr s_k, Blocking blocking, Func query_end,
-                               Precision precision) {
+                               Precision precision, bool bf16_widened) {
     const Var &e = dims.head_dim, &h = dims.head, &b = dims.batch, &i = dims.query, &j = dims.key;
     const Var &qi = dims.query_in_block, &qb = dims.query_block, &kb = dims.key_block;
     const Var &kc = dims.key_chunk, &kl = dims.key_in_chunk;
@@ -363,10 +369,14 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
 
     // K and V packed per head. bf16: rounded, and in pairs, as the products read them
     // (keys_in_pairs, values_in_pairs), and Q rounded (queries_bf16).
+    // bf16_widened: each held as the f32 value it rounds to, the exponentials too (the same
+    // products and sums; a target without vdpbf16ps then runs fp32's loops, where widening
+    // bf16 in them took 1.4-1.5x the fp32 core's time on AVX2).
+    const Type operand_type = bf16 && bf16_widened ? Float(32) : BFloat(16);
     if (bf16) {
-        f.keys = keys_in_pairs("keys", k_heads, head_dim, s_k);
-        f.values = values_in_pairs("values", v_heads, head_dim, s_k);
-        f.queries = queries_bf16("queries", q_heads, head_dim, s_q);
+        f.keys = keys_in_pairs("keys", k_heads, head_dim, s_k, operand_type);
+        f.values = values_in_pairs("values", v_heads, head_dim, s_k, operand_type);
+        f.queries = queries_bf16("queries", q_heads, head_dim, s_q, operand_type);
     } else {
         f.keys = Func{"keys"};
         f.values = Func{"values"};
@@ -439,7 +449,7 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
                    max(ceil(block_max * (1.0f / ln2)) * ln2, block_max));
     }
     f.block_exp = Func{"block_exp"};
-    const Type weight_type = bf16 ? BFloat(16) : Float(32);
+    const Type weight_type = bf16 ? operand_type : Float(32);
     f.block_exp(kl, kc, qi, qb, kb, h, b) = undef(weight_type);
     // Halide's fast_exp: 1.7e-6 relative error at most on [-87, 0] (exp: 3.5e-7), and on
     // long contexts 2% faster overall; it is meant for inputs that do not underflow,
@@ -447,10 +457,9 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     // rounded, as P·V reads it, and as the sum takes it.
     // A NaN score stays NaN (the max and the clamp would drop it: x86's max returns its other
     // operand), so that it reaches the sum and the context, as in the reference.
-    f.block_exp(lane, chunk, qi, qb, kb, h, b) =
-        cast(weight_type,
-             select(kept, select(is_nan(score), score, fast_exp(max(score - offset_of(qi, qb, kb, h, b), -87.0f))),
-                    0.0f));
+    Expr exponential =
+        select(kept, select(is_nan(score), score, fast_exp(max(score - offset_of(qi, qb, kb, h, b), -87.0f))), 0.0f);
+    f.block_exp(lane, chunk, qi, qb, kb, h, b) = bf16 ? rounded_as(weight_type, exponential) : exponential;
     Expr weight = cast<float>(f.block_exp(lane, chunk, qi, qb, kb, h, b));
     f.block_sum = Func{"block_sum"};
     f.block_sum(qi, qb, kb, h, b) = 0.0f;
@@ -614,7 +623,7 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         l.flash = flash_attention(q_heads, k_heads, v_heads, key_padding_mask, l.key_end, in.bias, in.bias_keys,
                                   in.causal, head_dim,
                                   in.s_q, in.s_k, in.blocking, packed ? l.packed.length : Func(),
-                                  in.core_precision);
+                                  in.core_precision, in.bf16_widened);
         ctx = l.flash.ctx;
     }
     if (packed) {

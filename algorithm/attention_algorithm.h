@@ -147,14 +147,19 @@ Halide::Func split_heads(const std::string &name, Halide::Func tensor, Halide::E
 
 // The operands of a bf16 QKᵀ or P·V (the flash core's, and the bf16 stages'), rounded to bf16
 // (to nearest even) and laid out as their products read them: QKᵀ sums pairs of head
-// features, P·V pairs of keys, each pair one 4-byte load (vdpbf16ps's unit).
+// features, P·V pairs of keys, each pair one 4-byte load (vdpbf16ps's unit). Stored as
+// `operand_type`: bf16, or f32 holding the very values they round to, for a target without
+// bf16 products (its loop then loads them as fp32's does, with no widening in the loop).
 // Q: (head_dim, head, query, batch), zero past d (so that d may be odd).
-Halide::Func queries_bf16(const std::string &name, Halide::Func q_heads, Halide::Expr head_dim, Halide::Expr s_q);
+Halide::Func queries_bf16(const std::string &name, Halide::Func q_heads, Halide::Expr head_dim, Halide::Expr s_q,
+                          Halide::Type operand_type = Halide::BFloat(16));
 // K: (pair, key, head_dim_pair, head, batch), K[key, 2·head_dim_pair + pair], zero past d.
-Halide::Func keys_in_pairs(const std::string &name, Halide::Func k_heads, Halide::Expr head_dim, Halide::Expr s_k);
+Halide::Func keys_in_pairs(const std::string &name, Halide::Func k_heads, Halide::Expr head_dim, Halide::Expr s_k,
+                           Halide::Type operand_type = Halide::BFloat(16));
 // V: (pair, head_dim, key_pair, head, batch), V[2·key_pair + pair, head_dim]; past s_k, the
 // last key's (its weight is zero).
-Halide::Func values_in_pairs(const std::string &name, Halide::Func v_heads, Halide::Expr head_dim, Halide::Expr s_k);
+Halide::Func values_in_pairs(const std::string &name, Halide::Func v_heads, Halide::Expr head_dim, Halide::Expr s_k,
+                             Halide::Type operand_type = Halide::BFloat(16));
 
 // scores(j, i, h, b) = Q[b,i,h,:]·K[b,j,h,:] / √d + bias(j, i, h, b). In bf16 (precision), Q
 // and K are rounded to bf16 and the products summed in f32 a pair of head features at a time.
@@ -293,7 +298,7 @@ FlashAttention flash_attention(Halide::Func q_heads, Halide::Func k_heads, Halid
                                Halide::Func key_padding_mask, Halide::Func key_end, Halide::Func bias,
                                Halide::Expr bias_keys, Halide::Expr causal, Halide::Expr head_dim, Halide::Expr s_q, Halide::Expr s_k,
                                Blocking blocking, Halide::Func query_end = Halide::Func(),
-                               Precision precision = Precision::fp32);
+                               Precision precision = Precision::fp32, bool bf16_widened = false);
 
 // Packed variable-length sequences (DESIGN.md): the tokens of B sequences one after
 // another, sequence b being the token rows [offsets(b), offsets(b + 1)). The projections
@@ -346,6 +351,7 @@ struct LayerInputs {
     WeightLayout weight_layout = WeightLayout::linear;  // of w_q, w_k, w_v and w_o
     Precision precision = Precision::fp32;              // of the projections; bf16: the four weights are bf16
     Precision core_precision = Precision::fp32;         // of the flash core's products: fp32 or bf16
+    bool bf16_widened = false;  // a bf16 core's operands as f32 values (flash_attention: no bf16 products)
     // int8: the four weights are int8, and weight_scales (out, quantity, projection) holds, for
     // the projections q, k, v, o (0-3), each output's scale (quantity 0) and quantized sum (1).
     Halide::Func weight_scales;

@@ -28,7 +28,8 @@ public:
                                  split_heads("v_heads", v, head_dim), key_padding_mask, key_end_, bias,
                                  bias.dim(0).extent(), causal,
                                  head_dim, s_q, s_k, blocking(), Func(),
-                                 checked_precision("attention_core", true, false));
+                                 checked_precision("attention_core", true, false),
+                                 !get_target().has_gpu_feature() && !attn_sched::native_bf16(get_target()));
         const Dims d;
         out_ = Func{"context"};
         out_(d.head_dim, d.head, d.query, d.batch) = flash_.ctx(d.head_dim, d.head, d.query, d.batch);

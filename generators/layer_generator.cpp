@@ -79,6 +79,7 @@ public:
         in.gamma = gamma, in.beta = beta;
         in.precision = precision;
         in.core_precision = core_precision;
+        in.bf16_widened = !get_target().has_gpu_feature() && !attn_sched::native_bf16(get_target());
         if (core_precision != Precision::fp32 && (output_probs || get_target().has_gpu_feature()))
             _halide_user_error << "attention_layer: core_precision=bf16 is the flash core's on a CPU, not "
                                << (output_probs ? "with output_probs" : "for a GPU") << "\n";

@@ -34,17 +34,17 @@ std::vector<RVar> rvars(const RDom &r) {
     return out;
 }
 
+}  // namespace
+
 // Whether the target multiplies bf16 pairs natively (AVX512_BF16's vdpbf16ps; Halide's
 // avx512_zen4, avx512_zen5, avx512_sapphirerapids and avx10_1 targets have it: Halide 21's
 // has_feature adds no implied feature, so each is named). Elsewhere a bf16 GEMM multiplies
 // operands widened to f32 once, before its tiles (attn_gen::Linear::weight_widened,
-// input_widened): bf16 storage, f32 arithmetic.
+// input_widened, and the flash core's bf16_widened): bf16 storage, f32 arithmetic.
 bool native_bf16(const Target &target) {
     return target.has_feature(Target::AVX512_Zen4) || target.has_feature(Target::AVX512_Zen5) ||
            target.has_feature(Target::AVX512_SapphireRapids) || target.has_feature(Target::AVX10_1);
 }
-
-}  // namespace
 
 // Whether the target sums u8·i8 quads natively (VNNI's vpdpbusd: avxvnni, and the targets
 // above). Elsewhere an int8 GEMM sums each pair of products in i16 first (vpmaddubsw:

@@ -35,8 +35,10 @@ struct CpuTiling {
 };
 
 // Whether the target sums u8·i8 quads natively (vpdpbusd), which decides how the algorithm
-// sums int8 products (attn_gen::Int8Sum).
+// sums int8 products (attn_gen::Int8Sum), and bf16 pairs (vdpbf16ps), which decides whether
+// the flash core holds its bf16 operands as f32 values (attn_gen::flash_attention's bf16_widened).
 bool native_int8(const Halide::Target &target);
+bool native_bf16(const Halide::Target &target);
 
 void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const CpuTiling &tiling,
                                  const Halide::Target &target);

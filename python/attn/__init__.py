@@ -382,7 +382,7 @@ class AttentionLayer:
     in bf16 as above; on a CPU with avx512vnni, or,
     with allow_storage_only=True, without vpdpbusd elsewhere (the same results: the weights are
     7-bit, [-63, 63], everywhere, so AVX2 sums pairs of products in 16 bits with vpmaddubsw,
-    about 1.5x fp32's speed there).
+    1.5-1.9x fp32's speed there).
 
     torch.bfloat16 tensors (a model in bf16) are taken too, in every precision: the weights
     widened once, here, to float32 copies (so later changes to them are not seen; with

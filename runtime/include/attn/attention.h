@@ -100,7 +100,7 @@ TensorView<T> device_view(uint64_t device_pointer, std::size_t size, Shape shape
 //         in i32 and dequantized in f32: with AVX512_VNNI's vpdpbusd (variants of an ISA with
 //         avx512vnni), or, where the CPU lacks it and Config::allow_storage_only says so, with
 //         the same integer products summed in pairs in 16 bits first (AVX2's vpmaddubsw, which
-//         7-bit weights keep from saturating: the same integer sums, about 1.5x the fp32
+//         7-bit weights keep from saturating: the same integer sums, 1.5-1.9x the fp32
 //         layer's speed on AVX2; results within the accuracy rule, not bit for bit, as the
 //         core's f32 sums run in another order). Attention::forward
 //         and forward_packed, without the probabilities; attn::precision_variants() lists
@@ -230,7 +230,7 @@ float round_to_bf16(float f);
 // values = round(W / scale_o) (to nearest even) in [-L, L], L = kInt8WeightLimit; sums[o] =
 // Σ_i values[o, i]. L is 63, 7 bits, on every CPU: then a pair of u8 × int8 products fits 16
 // bits (2·255·63 < 2^15), which AVX2's vpmaddubsw needs, so a CPU without VNNI sums the same
-// products as one with it, 1.3-1.7x the fp32 layer's speed (ONNX Runtime's reduce_range likewise).
+// products as one with it, 1.5-1.9x the fp32 layer's speed (ONNX Runtime's reduce_range likewise).
 inline constexpr int kInt8WeightLimit = 63;
 static_assert(2 * 255 * kInt8WeightLimit <= 32767, "a pair of u8 × int8 products must fit 16 bits");
 struct Int8Weight {
