@@ -169,10 +169,9 @@ Func split_heads(const std::string &name, Func tensor, Expr head_dim) {
 namespace {
 Var pair{"pair"}, head_dim_pair{"head_dim_pair"}, key_pair{"key_pair"};
 Expr bf16_zero() { return cast(BFloat(16), 0.0f); }
-}  // namespace
-
 // x rounded to bf16, as `type` (bf16, or the f32 value it rounds to).
 Expr rounded_as(Type type, Expr x) { return cast(type, cast(BFloat(16), x)); }
+}  // namespace
 
 Func queries_bf16(const std::string &name, Func q_heads, Expr head_dim, Expr s_q, Type operand_type) {
     const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch;

@@ -148,8 +148,9 @@ Halide::Func split_heads(const std::string &name, Halide::Func tensor, Halide::E
 // The operands of a bf16 QKᵀ or P·V (the flash core's, and the bf16 stages'), rounded to bf16
 // (to nearest even) and laid out as their products read them: QKᵀ sums pairs of head
 // features, P·V pairs of keys, each pair one 4-byte load (vdpbf16ps's unit). Stored as
-// `operand_type`: bf16, or f32 holding the very values they round to, for a target without
-// bf16 products (its loop then loads them as fp32's does, with no widening in the loop).
+// `operand_type`: bf16, or f32 holding the very values they round to (the flash core's, for a
+// target without bf16 products: its loops then load them as fp32's do; the bf16 stages keep
+// bf16 and widen in their tiles).
 // Q: (head_dim, head, query, batch), zero past d (so that d may be odd).
 Halide::Func queries_bf16(const std::string &name, Halide::Func q_heads, Halide::Expr head_dim, Halide::Expr s_q,
                           Halide::Type operand_type = Halide::BFloat(16));
@@ -299,6 +300,8 @@ FlashAttention flash_attention(Halide::Func q_heads, Halide::Func k_heads, Halid
                                Halide::Expr bias_keys, Halide::Expr causal, Halide::Expr head_dim, Halide::Expr s_q, Halide::Expr s_k,
                                Blocking blocking, Halide::Func query_end = Halide::Func(),
                                Precision precision = Precision::fp32, bool bf16_widened = false);
+// (bf16_widened: a bf16 core's Q, K, V and exponentials held as the f32 values they round to,
+// for a target without vdpbf16ps; the same products and sums.)
 
 // Packed variable-length sequences (DESIGN.md): the tokens of B sequences one after
 // another, sequence b being the token rows [offsets(b), offsets(b + 1)). The projections

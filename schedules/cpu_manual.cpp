@@ -40,7 +40,8 @@ std::vector<RVar> rvars(const RDom &r) {
 // avx512_zen4, avx512_zen5, avx512_sapphirerapids and avx10_1 targets have it: Halide 21's
 // has_feature adds no implied feature, so each is named). Elsewhere a bf16 GEMM multiplies
 // operands widened to f32 once, before its tiles (attn_gen::Linear::weight_widened,
-// input_widened, and the flash core's bf16_widened): bf16 storage, f32 arithmetic.
+// input_widened): bf16 storage, f32 arithmetic; the flash core holds its rounded operands as
+// f32 values (attn_gen::flash_attention's bf16_widened).
 bool native_bf16(const Target &target) {
     return target.has_feature(Target::AVX512_Zen4) || target.has_feature(Target::AVX512_Zen5) ||
            target.has_feature(Target::AVX512_SapphireRapids) || target.has_feature(Target::AVX10_1);
@@ -299,7 +300,8 @@ void tiled_rows(Func product, const Var &col, const Var &row, const std::vector<
     register_tile(product, col, row, reduction, columns, LoopLevel(rows, ro), t, target, precision);
 }
 
-// bf16 K or V in pairs (attn_gen::keys_in_pairs, values_in_pairs: (pair, along, outer, ...))
+// bf16 K or V in pairs (attn_gen::keys_in_pairs, values_in_pairs: (pair, along, outer, ...); the
+// flash core's f32 where the target lacks bf16 products)
 // computed at `at`, stored as the register tiles read them: with native bf16 a pair
 // innermost, so that one load is vw keys' (or head features') pairs; otherwise `along`
 // innermost, one vector per element of the pair.
