@@ -86,6 +86,15 @@ public:
                 attn_sched::manual_parameter_for(t, "key_block", key_block),
                 attn_sched::key_chunk(t, attn_sched::manual_parameter_for(t, "tile_vectors", tile_vectors))};
     }
+    // How the reduced precisions' products are written for the target's instructions: a bf16
+    // flash core's operands as f32 values where the CPU has no vdpbf16ps (flash_attention's
+    // bf16_widened), and int8 in quads (vpdpbusd) or in 16-bit pairs (attn_gen::Int8Sum).
+    bool bf16_widened() const {
+        return !this->get_target().has_gpu_feature() && !attn_sched::native_bf16(this->get_target());
+    }
+    Int8Sum int8_sum() const {
+        return attn_sched::native_int8(this->get_target()) ? Int8Sum::quads : Int8Sum::pairs_in_i16;
+    }
 
     // `precision`, once checked: fp32 everywhere; bf16 where the generator has it (`bf16`),
     // int8 likewise; both on CPUs only.

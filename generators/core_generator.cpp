@@ -29,7 +29,7 @@ public:
                                  bias.dim(0).extent(), causal,
                                  head_dim, s_q, s_k, blocking(), Func(),
                                  checked_precision("attention_core", true, false),
-                                 !get_target().has_gpu_feature() && !attn_sched::native_bf16(get_target()));
+                                 bf16_widened());
         const Dims d;
         out_ = Func{"context"};
         out_(d.head_dim, d.head, d.query, d.batch) = flash_.ctx(d.head_dim, d.head, d.query, d.batch);

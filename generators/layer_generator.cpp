@@ -79,15 +79,13 @@ public:
         in.gamma = gamma, in.beta = beta;
         in.precision = precision;
         in.core_precision = core_precision;
-        in.bf16_widened = !get_target().has_gpu_feature() && !attn_sched::native_bf16(get_target());
+        in.bf16_widened = bf16_widened();
         if (core_precision != Precision::fp32 && (output_probs || get_target().has_gpu_feature()))
             _halide_user_error << "attention_layer: core_precision=bf16 is the flash core's on a CPU, not "
                                << (output_probs ? "with output_probs" : "for a GPU") << "\n";
         in.weight_layout = layer_weights(get_target(), precision);
         if (weight_scales) in.weight_scales = *weight_scales;
-        // (The schedules' instructions decide it: vpdpbusd sums quads, AVX2 pairs first.)
-        if (precision == Precision::int8)
-            in.int8_sum = attn_sched::native_int8(get_target()) ? Int8Sum::quads : Int8Sum::pairs_in_i16;
+        if (precision == Precision::int8) in.int8_sum = int8_sum();
         in.bias = bias;
         in.bias_keys = bias.dim(0).extent();
         in.causal = causal, in.heads = heads, in.eps = eps;
