@@ -379,7 +379,11 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     } else {
         f.keys = Func{"keys"};
         f.values = Func{"values"};
-        f.keys(j, e, h, b) = k_heads(last(e, head_dim), h, last(j, s_k), b);
+        // (The head features' clamp `likely`: a schedule reading K's rows as whole vectors
+        // of them then gets loops free of it but at the edge, where a clamped vector index
+        // is a gather. Not the keys': their clamp is scalar there, and on a GPU the flash
+        // kernel took 122 registers a thread with it instead of 72.)
+        f.keys(j, e, h, b) = k_heads(min(likely(e), head_dim - 1), h, last(j, s_k), b);
         f.values(e, j, h, b) = v_heads(last(e, head_dim), h, last(j, s_k), b);
     }
 
@@ -479,6 +483,7 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
 
     f.key_blocks = RDom(0, (s_k + K - 1) / K, "key_blocks");
     f.key_blocks.where(f.key_blocks * K < key_limit);
+    f.one_key_block = s_k <= K;
     const RVar &block = f.key_blocks.x;
     f.running = Func{"running"};
     f.running(e, qi, qb, h, b) = Tuple(0.0f, kLowest, 0.0f);
@@ -489,7 +494,12 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     // one exponential of −|now[1] − offset| gives both.
     Expr block_is_max = offset >= now[1];
     Expr rescale = exp(-abs(now[1] - offset));
-    Expr keep_old = select(block_is_max, rescale, 1.0f), keep_block = select(block_is_max, 1.0f, rescale);
+    // The first block (always block 0: the masks end the visits, never start them) is the
+    // state itself: the same values as the merge with the initial state, without its
+    // exponential, which a schedule specialized on one_key_block then never computes.
+    Expr first = block == 0;
+    Expr keep_old = select(first, 0.0f, select(block_is_max, rescale, 1.0f));
+    Expr keep_block = select(first || block_is_max, 1.0f, rescale);
     f.running(e, qi, qb, h, b) = Tuple(now[0] * keep_old + f.block_context(e, qi, qb, block, h, b) * keep_block,
                                        new_max, now[2] * keep_old + f.block_sum(qi, qb, block, h, b) * keep_block);
 

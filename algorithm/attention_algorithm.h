@@ -276,6 +276,7 @@ struct FlashAttention {
     Halide::Func queries;      // bf16: (head_dim, head, query, batch), Q rounded; undefined in fp32
     Halide::Func key_is_real;  // (key, batch): 1 for a real token within s_k, else 0 (int32), for whole blocks
     Halide::Expr causal;       // the causal mask's switch, which a schedule may specialize on
+    Halide::Expr one_key_block;  // s_k <= key_block: no query block visits a second key block (likewise)
     // Per (key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch):
     Halide::Func dot;        // Q·Kᵀ
     Halide::Func scores;     // dot / √d + bias; an update over the chunks visited, undefined elsewhere
