@@ -181,6 +181,17 @@ Func queries_bf16(const std::string &name, Func q_heads, Expr head_dim, Expr s_q
     return q;
 }
 
+Func keys_transposed(const std::string &name, Func k_heads, Expr head_dim, Expr s_k) {
+    const Var &j = dims.key, &e = dims.head_dim, &h = dims.head, &b = dims.batch;
+    Func k{name};
+    // The head features' clamp `likely`: a schedule reading K's rows as whole vectors of them
+    // then gets loops free of it but at the edge, where a clamped vector index is a gather.
+    // Not the keys': their clamp is scalar there, and on a GPU the flash kernel took 122
+    // registers a thread with it instead of 72.
+    k(j, e, h, b) = k_heads(min(likely(e), head_dim - 1), h, last(j, s_k), b);
+    return k;
+}
+
 Func keys_in_pairs(const std::string &name, Func k_heads, Expr head_dim, Expr s_k, Type operand_type) {
     const Var &j = dims.key, &h = dims.head, &b = dims.batch;
     Expr feature = 2 * head_dim_pair + pair;
@@ -214,8 +225,7 @@ Scores scaled_scores(Func q_heads, Func k_heads, Func bias, Expr head_dim, Expr 
                              cast<float>(s.key_transposed(s.e.x, j, s.e.y, h, b));
     } else {
         s.query_heads = q_heads;
-        s.key_transposed = Func{"key_transposed"};
-        s.key_transposed(j, e, h, b) = k_heads(e, h, last(j, s_k), b);
+        s.key_transposed = keys_transposed("key_transposed", k_heads, head_dim, s_k);
         s.e = RDom(0, head_dim, "e");
         s.dot(j, i, h, b) += q_heads(s.e, h, last(i, s_q), b) * s.key_transposed(j, s.e, h, b);
     }
@@ -377,13 +387,8 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
         f.values = values_in_pairs("values", v_heads, head_dim, s_k, operand_type);
         f.queries = queries_bf16("queries", q_heads, head_dim, s_q, operand_type);
     } else {
-        f.keys = Func{"keys"};
+        f.keys = keys_transposed("keys", k_heads, head_dim, s_k);
         f.values = Func{"values"};
-        // (The head features' clamp `likely`: a schedule reading K's rows as whole vectors
-        // of them then gets loops free of it but at the edge, where a clamped vector index
-        // is a gather. Not the keys': their clamp is scalar there, and on a GPU the flash
-        // kernel took 122 registers a thread with it instead of 72.)
-        f.keys(j, e, h, b) = k_heads(min(likely(e), head_dim - 1), h, last(j, s_k), b);
         f.values(e, j, h, b) = v_heads(last(e, head_dim), h, last(j, s_k), b);
     }
 

@@ -154,6 +154,8 @@ Halide::Func split_heads(const std::string &name, Halide::Func tensor, Halide::E
 // Q: (head_dim, head, query, batch), zero past d (so that d may be odd).
 Halide::Func queries_bf16(const std::string &name, Halide::Func q_heads, Halide::Expr head_dim, Halide::Expr s_q,
                           Halide::Type operand_type = Halide::BFloat(16));
+// fp32's K packed per head, keys innermost, for QKᵀ's vectors of keys: (key, head_dim, head, batch).
+Halide::Func keys_transposed(const std::string &name, Halide::Func k_heads, Halide::Expr head_dim, Halide::Expr s_k);
 // K: (pair, key, head_dim_pair, head, batch), K[key, 2·head_dim_pair + pair], zero past d.
 Halide::Func keys_in_pairs(const std::string &name, Halide::Func k_heads, Halide::Expr head_dim, Halide::Expr s_k,
                            Halide::Type operand_type = Halide::BFloat(16));

@@ -315,6 +315,20 @@ void schedule_pairs(Func pairs, LoopLevel at, const Target &target) {
     if (!native_bf16(target)) pairs.reorder_storage(along, p, outer);
 }
 
+// K packed per head, keys innermost (attn_gen::keys_transposed), in vw × vw tiles: K's vw
+// rows read as dense vectors of head features, interleaved in registers (Halide's interleave
+// of the tile's stores) into a small buffer, copied out as vectors of keys. A vector of keys
+// read from K directly is a gather, element by element: 12% of the flash core's time at
+// B=1 S=128 on AVX2, 1% this way.
+void schedule_keys_transposed(Func keys, LoopLevel at, const Target &target) {
+    const int vw = vector_width(target);
+    const Var &j = dims.key, &e = dims.head_dim;
+    Func packed = keys.in();
+    Var jt{"jt"}, et{"et"};
+    packed.compute_at(at).tile(j, e, jt, et, vw, vw, TailStrategy::RoundUp).vectorize(jt).unroll(et);
+    keys.compute_at(packed, j).vectorize(e).unroll(j);
+}
+
 // Q·Kᵀ for the rows of `block` (a block of queries, all keys). K is transposed per head
 // (`head`) so keys are contiguous; bf16: in pairs of head features, and the block's queries rounded.
 void schedule_dot_rows(attn_gen::Scores sc, LoopLevel head, LoopLevel block, const CpuTiling &t, const Target &target) {
@@ -323,7 +337,7 @@ void schedule_dot_rows(attn_gen::Scores sc, LoopLevel head, LoopLevel block, con
         schedule_pairs(sc.key_transposed, head, target);
         sc.query_heads.compute_at(block).vectorize(dims.head_dim, vw, kGuard);
     } else {
-        sc.key_transposed.compute_at(head).vectorize(dims.key, vw, kGuard);
+        schedule_keys_transposed(sc.key_transposed, head, target);
     }
     tiled_rows(sc.dot, dims.key, dims.query, rvars(sc.e), t.tile_vectors, block, t, target, sc.precision);
 }
@@ -464,18 +478,7 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
         schedule_pairs(f.values, pair, target);
         f.queries.compute_at(rows).vectorize(e, vw, kGuard);
     } else {
-        // K transposed per head, keys innermost, in vw × vw tiles: K's vw rows read as dense
-        // vectors of head features, interleaved in registers (Halide's interleave of the
-        // tile's stores) into a small buffer, copied out as vectors of keys. A vector of keys
-        // read from K directly is a gather, element by element: 12% of the core's time at
-        // B=1 S=128 on AVX2, 1% this way.
-        Func keys_packed = f.keys.in();
-        Var jt{"jt"}, et{"et"};
-        keys_packed.compute_at(pair)
-            .tile(j, e, jt, et, vw, vw, TailStrategy::RoundUp)
-            .vectorize(jt)
-            .unroll(et);
-        f.keys.compute_at(keys_packed, j).vectorize(e).unroll(j);
+        schedule_keys_transposed(f.keys, pair, target);
         f.values.compute_at(pair).vectorize(e, vw, kGuard);
     }
     f.key_is_real.compute_at(pair).vectorize(j, vw, kGuard);
