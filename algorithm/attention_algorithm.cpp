@@ -186,8 +186,8 @@ Func keys_transposed(const std::string &name, Func k_heads, Expr head_dim, Expr 
     Func k{name};
     // The head features' clamp `likely`: a schedule reading K's rows as whole vectors of them
     // then gets loops free of it but at the edge, where a clamped vector index is a gather.
-    // Not the keys': their clamp is scalar there, and on a GPU the flash kernel took 122
-    // registers a thread with it instead of 72.
+    // Not the keys': their clamp is scalar there, and with it too the GPU flash kernel took
+    // 122 registers a thread instead of 72 (the default GPU parameters).
     k(j, e, h, b) = k_heads(min(likely(e), head_dim - 1), h, last(j, s_k), b);
     return k;
 }
@@ -445,7 +445,8 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     // infinity (the max itself is used then: exact multiples of ln 2 do not exist at that
     // size in f32 anyway). A block with no key kept keeps kLowest, and a max beyond ±1e30
     // (whose multiple of ln 2 would overflow) itself, as the reference does; a NaN stays NaN,
-    // so that it reaches the context through the running rescale, as in fp32.
+    // so that it reaches the context through its weights (and, past the first block, the
+    // running rescale), as in fp32.
     // (fp32 defines no Func for it, which would change the stages frozen schedules name.)
     Func offset_of = f.block_max;
     if (bf16) {
