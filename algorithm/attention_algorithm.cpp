@@ -171,7 +171,16 @@ Var pair{"pair"}, head_dim_pair{"head_dim_pair"}, key_pair{"key_pair"};
 Expr bf16_zero() { return cast(BFloat(16), 0.0f); }
 // x rounded to bf16, as `type` (bf16, or the f32 value it rounds to).
 Expr rounded_as(Type type, Expr x) { return cast(type, cast(BFloat(16), x)); }
+
 }  // namespace
+
+Expr exp_nonpositive(Expr t) {
+    const float log2e = 1.44269504088896341f, ln2 = 0.693147180559945309f;
+    Expr k = round(t * log2e);
+    Expr r = t - k * ln2;
+    Expr p = ((((0.008297655f * r + 0.04191538f) * r + 0.16667575f) * r + 0.49998894f) * r + 0.9999997f) * r + 1.0000001f;
+    return p * reinterpret<float>((cast<int32_t>(k) + 127) << 23);
+}
 
 Func queries_bf16(const std::string &name, Func q_heads, Expr head_dim, Expr s_q, Type operand_type) {
     const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch;
@@ -460,14 +469,14 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     f.block_exp = Func{"block_exp"};
     const Type weight_type = bf16 ? operand_type : Float(32);
     f.block_exp(kl, kc, qi, qb, kb, h, b) = undef(weight_type);
-    // Halide's fast_exp: 1.7e-6 relative error at most on [-87, 0] (exp: 3.5e-7), and on
-    // long contexts 2% faster overall; it is meant for inputs that do not underflow,
-    // hence the clamp (exp(-87) = 1.6e-38 stands for smaller weights). bf16: the weight
-    // rounded, as P·V reads it, and as the sum takes it.
+    // exp_nonpositive: 4.3e-7 relative error at most on [-87, 0] (with FMA), and a quarter
+    // less time than Halide's fast_exp (1.7e-6), itself 2% faster than exp on long contexts; its
+    // exponent holds 2^k down to k = -126, hence the clamp (exp(-87) = 1.6e-38 stands for
+    // smaller weights). bf16: the weight rounded, as P·V reads it, and as the sum takes it.
     // A NaN score stays NaN (the max and the clamp would drop it: x86's max returns its other
     // operand), so that it reaches the sum and the context, as in the reference.
     Expr exponential =
-        select(kept, select(is_nan(score), score, fast_exp(max(score - offset_of(qi, qb, kb, h, b), -87.0f))), 0.0f);
+        select(kept, select(is_nan(score), score, exp_nonpositive(max(score - offset_of(qi, qb, kb, h, b), -87.0f))), 0.0f);
     f.block_exp(lane, chunk, qi, qb, kb, h, b) = bf16 ? rounded_as(weight_type, exponential) : exponential;
     Expr weight = cast<float>(f.block_exp(lane, chunk, qi, qb, kb, h, b));
     f.block_sum = Func{"block_sum"};

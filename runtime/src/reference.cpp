@@ -379,8 +379,8 @@ double bf16_flip(double c, double eta) {
 // A bf16 core's share of η (context_allowance): per element of the context, how far an
 // implementation's may move because one of its own roundings to bf16 goes the other way
 // where the reference's value lies near a midpoint (within η: twice the plain f32 error, and
-// for a weight also fast_exp's error and that of its offset in f32, the score's plain f32
-// error taken on the rounded operands). A flip of q or k by one
+// for a weight also its exponential's error, 5e-7 relatively, and that of its offset in f32,
+// the score's plain f32 error taken on the rounded operands). A flip of q or k by one
 // ulp moves the scores by a_j (|Δs| of the flipped features' products); weights P·e^a
 // renormalized move each P_j by a ratio within [e^-|a_j| / Σ P·e^|a|, e^(|a_j| + Σ P·|a|)];
 // a flipped weight r_j moves by one ulp, at most 2^-7·r_j, which moves c by
@@ -452,7 +452,7 @@ std::vector<double> core_rounding_eta(const Config &config, Sizes sz, const Laye
                     if (P[j] == 0) continue;
                     const double s = exact.scores[std::size_t(row + j)], w = std::exp(s - offset);
                     const double score_error = a[j] + 2 * dot_error[j] + 0x1p-23 * std::abs(s);
-                    const double w_eta = w * (score_error + 2e-6 + 0x1p-23 * (std::abs(s) + std::abs(offset)));
+                    const double w_eta = w * (score_error + 5e-7 + 0x1p-23 * (std::abs(s) + std::abs(offset)));
                     const double ratio = std::max(std::exp(a[j] + mean_a) - 1, 1 - std::exp(-a[j]) / z_plus);
                     change[j] = P[j] * (ratio + bf16_flip(w, w_eta) / w * (1 + 0x1p-6));
                     weight32[j] = round_to_bf16(float(w));
@@ -519,7 +519,7 @@ std::vector<double> context_allowance(const Config &config, const LayerWeights &
         auto eta_of = [&](int64_t e) {
             // (A bf16 core's own f32 error is in core_eta.)
             const double f32_error = bf16 ? 0 : 2 * std::abs(double(float32.ctx[r * H + e]) - exact.ctx[r * H + e]);
-            return f32_error + 4e-6 * max_v + core_eta[r * H + e];
+            return f32_error + 1e-6 * max_v + core_eta[r * H + e];
         };
         if (int8) {
             // The row's quantization (QuantizedRows): an element moves to the other side of a

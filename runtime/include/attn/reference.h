@@ -87,9 +87,10 @@ LayerOutputs<T> attention_layer(const Config &config, const LayerWeights &weight
 // because an implementation's context differs from the exact one and so may round to the
 // other bf16 neighbour, or quantize to the other u8 value, where it lies near a midpoint.
 // bf16: an element of the context is such a candidate when the exact value is within η of a
-// midpoint, η = 2·|float32 − exact| (the accuracy rule's f32 error) + 4e-6·max|V| (the
-// flash core's exp, Halide's fast_exp, errs by 1.7e-6 relatively at most, in the weights
-// and in their sum), plus, with a bf16 core, how far the context may move where one of the
+// midpoint, η = 2·|float32 − exact| (the accuracy rule's f32 error) + 1e-6·max|V| (the
+// exponentials err by 5e-7 relatively at most, in the weights and in their sum: the flash
+// core's, attn_gen's exp_nonpositive, by 4.3e-7 on the FMA targets bf16 and int8 are built
+// for, the exact stages', Halide's exp, by 3.5e-7), plus, with a bf16 core, how far the context may move where one of the
 // core's own roundings (of Q, K, V or a weight) goes the other way near a midpoint; each
 // candidate moves the output projection z by one bf16 ulp times |W_o|. int8: the same η, measured in steps of the row's quantization and widened by
 // the change of the row's range (low and high each move by at most the row's largest η),
