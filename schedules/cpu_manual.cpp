@@ -510,8 +510,15 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
     // and a pack to 16 bits, about a sixth of the exponentials' loop).
     for (Stage masked : {max_partials.update(), f.block_exp.update()}) masked.specialize(!f.causal);
     vectorized_row_reduction(f.block_sum, lane, step, target);
-    tiled_rows(f.block_context, e, qi, rvars(bf16 ? f.key_pairs : f.key_in_block), t.context_vectors, step, t, target,
-               f.precision);
+    // P·V's keys (or pairs of keys) in one loop over the block, not a loop per chunk inside a
+    // loop over chunks: the loop over chunks bounds the visited ones all the same, and its
+    // overhead (spills and reloads of the tile's pointers every 24 keys) goes.
+    std::vector<RVar> keys = rvars(bf16 ? f.key_pairs : f.key_in_block);
+    RVar in_chunk = keys[keys.size() - 2], chunk = keys.back(), key{"key"};
+    f.block_context.update().fuse(in_chunk, chunk, key);
+    keys.resize(keys.size() - 2);
+    keys.push_back(key);
+    tiled_rows(f.block_context, e, qi, keys, t.context_vectors, step, t, target, f.precision);
 }
 
 // Packed sequences: each token row's sequence (a vectorized count over the sequence
