@@ -171,7 +171,6 @@ Var pair{"pair"}, head_dim_pair{"head_dim_pair"}, key_pair{"key_pair"};
 Expr bf16_zero() { return cast(BFloat(16), 0.0f); }
 // x rounded to bf16, as `type` (bf16, or the f32 value it rounds to).
 Expr rounded_as(Type type, Expr x) { return cast(type, cast(BFloat(16), x)); }
-
 }  // namespace
 
 Expr exp_nonpositive(Expr t) {

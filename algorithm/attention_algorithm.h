@@ -157,13 +157,11 @@ Halide::Func queries_bf16(const std::string &name, Halide::Func q_heads, Halide:
 // exp(t) for t in [-87, 0] (the flash core's weights): t = k·ln 2 + r with k = round(t / ln 2)
 // and |r| <= ln 2 / 2, e^r a degree-5 polynomial (near-minimax for the relative error there,
 // 7.5e-8), 2^k built in the exponent bits (k in [-126, 0]: a normal float, no clamp needed).
-// Every float of [-87, 0] (one run; tests/test_algorithm.cpp checks every 16th): 4.3e-7 relative error at most with fused
-// multiply-adds (AVX2, AVX-512, NEON, CUDA; bf16 and int8 are built only for AVX2 and AVX-512), 4.3e-6 without
-// (SSE4.1, where k·ln 2 is rounded: 7.2e-7 down to t = -10), 1.8e-7 absolutely either way;
-// Halide's fast_exp, which it replaced: 1.7e-6, 5.3e-6 and 9.9e-7. 14 vector instructions on
-// AVX2 against fast_exp's 16, whose floor-based reduction needs a clamped exponent. (Ln 2 in
-// two parts, Cody and Waite's, would make k·ln 2 exact; the simplifier folds them back into
-// one unless the second product is strict, and then the loop was no faster than fast_exp's.)
+// Over every float of [-87, 0] (one run; tests/test_algorithm.cpp checks every 16th): at most
+// 4.3e-7 relative error with fused multiply-adds (AVX2, AVX-512, NEON, CUDA), 4.3e-6 without
+// (SSE4.1, where k·ln 2 is rounded), 1.8e-7 absolutely either way; Halide's fast_exp, which it
+// replaced: 1.7e-6, 5.3e-6 and 9.9e-7. 14 vector instructions on AVX2 against fast_exp's 16
+// (docs/measurements.md, "An exponential of our own").
 Halide::Expr exp_nonpositive(Halide::Expr t);
 // fp32's K packed per head, keys innermost, for QKᵀ's vectors of keys: (key, head_dim, head, batch).
 Halide::Func keys_transposed(const std::string &name, Halide::Func k_heads, Halide::Expr head_dim, Halide::Expr s_k);
