@@ -15,10 +15,18 @@ const float kLowest = std::numeric_limits<float>::lowest();
 // An index a tile may run past, clamped to the last valid one (see the header).
 Expr last(Expr i, Expr extent) { return min(i, extent - 1); }
 
-// W[out, in] from a weight in `layout`, `features` outputs.
-Expr weight_at(Func weight, WeightLayout layout, Expr out, Expr in_feature, Expr features) {
-    return layout == WeightLayout::transposed ? weight(last(out, features), in_feature)
-                                              : weight(in_feature, last(out, features));
+// W[out, in] from a weight in `layout` (of `panel` outputs a panel), `features` outputs.
+Expr weight_at(Func weight, WeightLayout layout, Expr out, Expr in_feature, Expr features, int panel = 0) {
+    switch (layout) {
+    case WeightLayout::transposed: return weight(last(out, features), in_feature);
+    case WeightLayout::panels: {
+        // Past the last output, the last panel (whole: zeros past `features`). Only the panel
+        // is clamped, not each output, so that a vector of a panel stays one load at the edge.
+        if (panel <= 0) throw CompileError("WeightLayout::panels needs the panel's width");
+        return weight(out % panel + panel * in_feature, last(out / panel, (features + panel - 1) / panel));
+    }
+    default: return weight(in_feature, last(out, features));
+    }
 }
 
 // weight_t(lane, out, in_group) = W[out, group·in_group + lane] from a weight in `layout`, zero
@@ -36,10 +44,10 @@ void define_weight_in_groups(Func weight_t, Func weight, WeightLayout layout, in
 }
 
 // weight_t(out, in) = W[out, in] from a weight in `layout`, `features` outputs.
-void define_weight_transposed(Func weight_t, Func weight, WeightLayout layout, Expr features) {
+void define_weight_transposed(Func weight_t, Func weight, WeightLayout layout, Expr features, int panel) {
     const Var &out = dims.hidden;
     Var in_feature{"in_feature"};
-    weight_t(out, in_feature) = weight_at(weight, layout, out, in_feature, features);
+    weight_t(out, in_feature) = weight_at(weight, layout, out, in_feature, features, panel);
 }
 }  // namespace
 
@@ -86,7 +94,7 @@ QuantizedRows quantized_to_u8(const std::string &name, Func in, Expr features) {
 }
 
 Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr features, Expr tokens, Func rows,
-              WeightLayout layout, Precision precision, const Int8Operands &int8, Type out_type) {
+              WeightLayout layout, Precision precision, const Int8Operands &int8, Type out_type, int panel) {
     const Var &out = dims.hidden, &s = dims.seq, &b = dims.batch;
     Linear l;
     l.input = in;
@@ -97,7 +105,7 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
     Expr result;  // out − bias
     if (precision == Precision::fp32) {
         l.product(out, s, b) = 0.0f;
-        define_weight_transposed(l.weight_transposed, weight, layout, features);
+        define_weight_transposed(l.weight_transposed, weight, layout, features, panel);
         l.k = RDom(0, features, name + "_k");
         l.product(out, s, b) += in(l.k, last(s, tokens), b) * l.weight_transposed(out, l.k);
     } else if (precision == Precision::int8) {
@@ -148,14 +156,17 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
     }
     if (!result.defined()) result = l.product(out, s, b);
     l.out = Func{name};
+    // (The bias clamped, so that a schedule may compute whole vectors of outputs past the last:
+    // a panel's, WeightLayout::panels.)
+    Expr bias_at = bias(last(out, features));
     if (!rows.defined()) {
-        l.out(out, s, b) = cast(out_type, result + bias(out));
+        l.out(out, s, b) = cast(out_type, result + bias_at);
         return l;
     }
     l.row = RDom(0, tokens, name + "_row");
     l.row.where(l.row < rows(b));
     l.out(out, s, b) = undef(out_type);
-    l.out(out, l.row, b) = cast(out_type, substitute(s, l.row.x, result) + bias(out));
+    l.out(out, l.row, b) = cast(out_type, substitute(s, l.row.x, result) + bias_at);
     return l;
 }
 
@@ -290,14 +301,14 @@ WeightedSum weighted_sum(Func probs, Func v_heads, Expr head_dim, Expr s_q, Expr
 
 OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b_o, Func gamma, Func beta, Expr eps,
                                  Expr head_dim, Expr heads, Expr hidden, Expr tokens, WeightLayout layout,
-                                 Precision precision, WeightScales w_o_scales, Int8Sum int8_sum) {
+                                 Precision precision, WeightScales w_o_scales, Int8Sum int8_sum, int panel) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     OutputLayerNorm n;
     n.context_heads = ctx_heads;
     n.weight_layout = layout;
     if (precision == Precision::fp32) {
         n.weight_transposed = Func{"w_o_t"};
-        define_weight_transposed(n.weight_transposed, w_o, layout, hidden);
+        define_weight_transposed(n.weight_transposed, w_o, layout, hidden, panel);
         n.in_feature = RDom(0, head_dim, 0, heads, "in_feature");
         const RVar &e = n.in_feature.x, &h = n.in_feature.y;
         n.projection = Func{"projection"};
@@ -328,9 +339,12 @@ OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b
         n.projection = n.rounded.out;
     }
     n.dense = Func{"dense"};
-    // (The residual's row clamped, as the projection's reads are, so that a schedule may compute
-    // whole tiles of rows past the last.)
-    n.dense(o, s, b) = residual(o, last(s, tokens), b) + b_o(o) + n.projection(o, s, b);
+    // (The residual's row and feature and the bias clamped, as the projection's reads are, so
+    // that a schedule may compute whole tiles of rows past the last, and whole panels.)
+    // (likely: the clamp is shared by two loads, which hides it from Halide's loop partitioning
+    // unless tagged so; untagged, the steady state gathered the two vectors lane by lane.)
+    Expr feature = min(likely(o), hidden - 1);
+    n.dense(o, s, b) = residual(feature, last(s, tokens), b) + b_o(feature) + n.projection(o, s, b);
 
     n.row = RDom(0, hidden, "row");
     Expr inv_hidden = 1.0f / cast<float>(hidden);
@@ -610,7 +624,8 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     // A bf16 flash core reads Q, K and V rounded to bf16: the projections store them so,
     // rounded once as they are computed (the same rounding), half the bytes to write and read.
     const Type qkv_type = !in.output_probs && in.core_precision == Precision::bf16 ? BFloat(16) : Float(32);
-    l.q = linear("q", x, in.w_q, in.b_q, in.hidden, q_rows, Func(), in.weight_layout, in.precision, q_int8, qkv_type);
+    l.q = linear("q", x, in.w_q, in.b_q, in.hidden, q_rows, Func(), in.weight_layout, in.precision, q_int8, qkv_type,
+                 in.weight_panel);
     Func kv_rows{"kv_rows"};  // the flash core reads K and V up to the chunk holding each batch's last real key
     if (!in.output_probs && !packed) {
         l.key_end = last_real_key(in.key_padding_mask, in.s_k);
@@ -619,10 +634,10 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     }
     if (in.precision == Precision::int8) kv_int8.weight = scales_of(1);
     l.k = linear("k", kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8,
-                 qkv_type);
+                 qkv_type, in.weight_panel);
     if (in.precision == Precision::int8) kv_int8.weight = scales_of(2);
     l.v = linear("v", kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8,
-                 qkv_type);
+                 qkv_type, in.weight_panel);
     l.q_heads = split_heads("q_heads", l.q.out, head_dim);
     l.k_heads = split_heads("k_heads", l.k.out, head_dim);
     l.v_heads = split_heads("v_heads", l.v.out, head_dim);
@@ -659,7 +674,8 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     }
     l.output = output_layernorm(ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps, head_dim, in.heads, in.hidden,
                                 q_rows, in.weight_layout, in.precision,
-                                in.precision == Precision::int8 ? scales_of(3) : WeightScales(), in.int8_sum);
+                                in.precision == Precision::int8 ? scales_of(3) : WeightScales(), in.int8_sum,
+                                in.weight_panel);
     return l;
 }
 

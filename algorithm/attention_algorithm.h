@@ -42,8 +42,13 @@ struct Dims {
 // reduced precision's products (bf16 pairs, int8 quads of input features), prepared once in
 // those groups as the products read them, (group·out + lane, in_group) = W[out, group·in_group
 // + lane], zero past the input features (the runtime's Attention: ReducedWeights), so that a
-// call reads each group as one load, in place.
-enum class WeightLayout { linear, transposed, grouped };
+// call reads each group as one load, in place. Or, for a CPU's fp32 layer, prepared once in
+// panels of `panel` output features (the target's vector of floats), each panel's rows one
+// after another: (out % panel + panel·in, out / panel) = W[out, in] (the runtime's Attention:
+// PreparedWeights), so that a register tile reads its weights as a few sequential streams
+// (rows of the transpose, 3 KiB apart at H=768, left the Zen 3 VM's GEMMs at 63-81 GFLOP/s of a
+// core's 100; these panels 94-96: docs/measurements.md, "The weights in panels").
+enum class WeightLayout { linear, transposed, grouped, panels };
 
 // The operands of the projections' GEMMs (DESIGN.md, "Reduced precision"): fp32; or bf16,
 // where the weights arrive rounded to bf16 (once, by the layer's caller; the bf16 stages
@@ -135,7 +140,7 @@ struct Int8Operands {
 Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Halide::Func bias, Halide::Expr features,
               Halide::Expr tokens, Halide::Func rows = Halide::Func(), WeightLayout layout = WeightLayout::linear,
               Precision precision = Precision::fp32, const Int8Operands &int8 = Int8Operands(),
-              Halide::Type out_type = Halide::Float(32));
+              Halide::Type out_type = Halide::Float(32), int panel = 0);  // panel: WeightLayout::panels
 
 // in rounded to bf16 (to nearest even), as the bf16 GEMMs take their activations:
 // (feature, seq, batch) of a (feature, seq, batch) Func of `features` features; past them,
@@ -241,7 +246,8 @@ OutputLayerNorm output_layernorm(Halide::Func ctx_heads, Halide::Func residual, 
                                  Halide::Func gamma, Halide::Func beta, Halide::Expr eps, Halide::Expr head_dim,
                                  Halide::Expr heads, Halide::Expr hidden, Halide::Expr tokens,
                                  WeightLayout layout = WeightLayout::linear, Precision precision = Precision::fp32,
-                                 WeightScales w_o_scales = WeightScales(), Int8Sum int8_sum = Int8Sum::quads);
+                                 WeightScales w_o_scales = WeightScales(), Int8Sum int8_sum = Int8Sum::quads,
+                                 int panel = 0);
 
 // The block sizes of the flash core (generator parameters query_block, key_block and
 // key_chunk). They belong to the algorithm: the online softmax folds in one key block at a
@@ -364,6 +370,7 @@ struct LayerInputs {
     Halide::Expr kv_is_x;
     Halide::Func w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
     WeightLayout weight_layout = WeightLayout::linear;  // of w_q, w_k, w_v and w_o
+    int weight_panel = 0;                               // WeightLayout::panels: output features a panel
     Precision precision = Precision::fp32;              // of the projections; bf16: the four weights are bf16
     Precision core_precision = Precision::fp32;         // of the flash core's products: fp32 or bf16
     bool bf16_widened = false;  // a bf16 core's operands as f32 values (flash_attention: no bf16 products)

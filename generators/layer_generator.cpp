@@ -24,8 +24,9 @@ public:
     // Dense: (hidden, seq_q, batch) = [B, S_q, H]. Packed: the token rows as a batch of one,
     // (hidden, token, 1) = [1, T, H].
     Input<Buffer<float, 3>> x{"x"};
-    // Prepared once by the runtime (layer_weights below): in fp32 nn.Linear's transposed,
-    // (out, in) = [H_in, H_out]; in bf16 and int8 in pairs or quads of input features,
+    // Prepared once by the runtime (layer_weights below): in fp32 on a CPU in panels of a
+    // vector of outputs, (out % panel + panel·in, out / panel), on a GPU nn.Linear's
+    // transposed, (out, in) = [H_in, H_out]; in bf16 and int8 in pairs or quads of input features,
     // (group·out + lane, in_group). float, bfloat16 in bf16, int8 in int8, in [-63, 63]
     // (attn::kInt8WeightLimit: without VNNI the pairs' i16 sums would saturate beyond it)
     // (configure).
@@ -84,6 +85,7 @@ public:
             _halide_user_error << "attention_layer: core_precision=bf16 is the flash core's on a CPU, not "
                                << (output_probs ? "with output_probs" : "for a GPU") << "\n";
         in.weight_layout = layer_weights(get_target(), precision);
+        in.weight_panel = weight_panel();
         if (weight_scales) in.weight_scales = *weight_scales;
         if (precision == Precision::int8) in.int8_sum = int8_sum();
         in.bias = bias;
@@ -115,7 +117,7 @@ public:
             {0, kEstimateHidden}, {0, kEstimateSeq * (packed ? batch : 1)}, {0, packed ? 1 : batch}};
         const Region score{{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, batch}};
         x.set_estimates(activation);
-        const int group = precision == Precision::bf16 ? 2 : precision == Precision::int8 ? 4 : 1;
+        const int group = precision == Precision::bf16 ? 2 : precision == Precision::int8 ? 4 : std::max(1, weight_panel());
         for (auto *w : {&w_q, &w_k, &w_v, &w_o})
             w->set_estimates({{0, kEstimateHidden * group}, {0, kEstimateHidden / group}});
         if (weight_scales) weight_scales->set_estimates({{0, kEstimateHidden}, {0, 2}, {0, 4}});
@@ -137,14 +139,22 @@ public:
     }
 
     // The fused layer's weights are prepared once by the runtime's Attention, so no call
-    // rearranges them: in fp32 transposed, [H_in, H_out] (PreparedWeights,
-    // runtime/src/pipeline_call.cpp), which a GPU's kernels and a CPU's register tiles read
-    // in place, a vector of outputs per input feature (on the CPU that saves the panels'
-    // transposes, 14% of the call at B=1 S=128: tools/halide_profile.py); bf16 and int8, which the
-    // Attention rounds or quantizes once anyway (ReducedWeights), in the groups their
-    // products read. The stages, called with their weights each time, take nn.Linear's.
-    static WeightLayout layer_weights(const Target &, Precision precision) {
-        return precision != Precision::fp32 ? WeightLayout::grouped : WeightLayout::transposed;
+    // rearranges them (PreparedWeights, runtime/src/pipeline_call.cpp): in fp32 for a GPU
+    // transposed, [H_in, H_out], a vector of outputs per input feature, which its kernels read
+    // in place; for a CPU in panels of a vector of outputs (WeightLayout::panels), which its
+    // register tiles read in place, a sequential stream per vector (on the CPU that saves the
+    // panels' packing, 14% of the call at B=1 S=128: tools/halide_profile.py); bf16 and int8,
+    // which the Attention rounds or quantizes once anyway (ReducedWeights), in the groups
+    // their products read. The stages, called with their weights each time, take nn.Linear's.
+    static WeightLayout layer_weights(const Target &target, Precision precision) {
+        if (precision != Precision::fp32) return WeightLayout::grouped;
+        return target.has_gpu_feature() ? WeightLayout::transposed : WeightLayout::panels;
+    }
+    // The panels' width: a vector of floats, which the runtime reads from manifest.json's ISA
+    // (attn::manifest::Isa::f32_lanes; the test Manifest.F32LanesAreHalides ties the two).
+    int weight_panel() const {
+        return layer_weights(get_target(), precision) == WeightLayout::panels ? get_target().natural_vector_size<float>()
+                                                                               : 0;
     }
 
     void schedule_manual_cpu() {

@@ -5,6 +5,7 @@
 #include "attn/generated/dispatch.h"
 #include "attn/generated/manifest.h"
 #include "attn/internal.h"
+#include "../runtime/src/pipeline_call.h"
 #include "support/function_check.h"
 
 #include <algorithm>
@@ -237,6 +238,61 @@ TEST(Manifest, AnAttentionWithoutAVariantRunsEachShapeClassWithItsMeasuredPick) 
         EXPECT_EQ(named.variant_for(seq, seq).name, select_variant().name) << c.name;
     }
     EXPECT_EQ(by_class.variant().name, select_variant().name);
+}
+
+// An fp32 CPU layer reads its weights in panels of its ISA's vector of floats
+// (attn_gen::WeightLayout::panels), which the Attention prepares once for its variant and for
+// each shape class's pick of another width (PreparedWeights::weights_for).
+TEST(Manifest, PreparedWeightsAreThePanelsOfEachVariantsWidth) {
+    std::map<int, const VariantInfo *> by_width;  // a runnable hand-written CPU variant of each width
+    for (const VariantInfo &v : variants()) {
+        for (const manifest::Isa &isa : manifest::kIsas)
+            if (v.runnable && v.schedule == "manual" && isa.name == v.isa && isa.f32_lanes) by_width[isa.f32_lanes] = &v;
+    }
+    if (by_width.size() < 2) GTEST_SKIP() << "fewer than two CPU vector widths run here";
+    const VariantInfo &narrow = *by_width.begin()->second, &wide = *by_width.rbegin()->second;
+    const int64_t h = 20;  // a multiple of neither width: the last panel ends in zeros
+    std::vector<float> w(h * h), zeros(h, 0.0f), ones(h, 1.0f);
+    for (int64_t o = 0; o < h; ++o)
+        for (int64_t i = 0; i < h; ++i) w[std::size_t(o * h + i)] = float(100 * o + i + 1);
+    const ConstTensor matrix = view(std::as_const(w), {h, h}), vector = view(std::as_const(zeros), {h});
+    const LayerWeights weights{
+        matrix, vector, matrix, vector, matrix, vector, matrix, vector, view(std::as_const(ones), {h}), vector};
+    detail::PreparedWeights prepared(weights, wide, {&narrow, &wide, &narrow});
+    EXPECT_EQ(prepared.other_widths.size(), 1u);
+    for (const VariantInfo *v : {&wide, &narrow}) {
+        const int lanes = v == &wide ? by_width.rbegin()->first : by_width.begin()->first;
+        int matrices = 0;
+        for (const pipeline::WeightBuffers::Weight &weight : prepared.weights_for(*v).weights) {
+            if (weight.buffer.dimensions() != 2) continue;
+            ++matrices;
+            const Halide::Runtime::Buffer<const float> &b = weight.buffer;
+            ASSERT_EQ(b.dim(0).extent(), lanes * h) << v->name << " " << weight.name;
+            ASSERT_EQ(b.dim(1).extent(), (h + lanes - 1) / lanes) << v->name << " " << weight.name;
+            for (int64_t o = 0; o < b.dim(1).extent() * lanes; ++o)
+                for (int64_t i = 0; i < h; ++i)
+                    ASSERT_EQ(b(int(o % lanes + lanes * i), int(o / lanes)), o < h ? w[std::size_t(o * h + i)] : 0.0f)
+                        << v->name << " " << weight.name << " W[" << o << ", " << i << "]";
+        }
+        EXPECT_EQ(matrices, 4) << v->name;
+    }
+    // A width it was not asked for is refused, naming the variant, not read wrongly.
+    for (const VariantInfo &v : variants()) {
+        if (v.device != "cpu" || v.isa == wide.isa || v.isa == narrow.isa) continue;
+        bool other = true;
+        for (const manifest::Isa &isa : manifest::kIsas)
+            if (isa.name == v.isa)
+                other = isa.f32_lanes != by_width.begin()->first && isa.f32_lanes != by_width.rbegin()->first;
+        if (!other) continue;
+        try {
+            prepared.weights_for(v);
+            ADD_FAILURE() << v.name << ": expected an error";
+        } catch (const Error &e) {
+            EXPECT_EQ(e.argument(), "variant") << e.what();
+            EXPECT_NE(std::string(e.what()).find(v.name), std::string::npos) << e.what();
+        }
+        break;
+    }
 }
 
 TEST(Manifest, AnArgumentTheRuntimeDoesNotPassIsRefusedByName) {

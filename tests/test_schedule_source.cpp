@@ -2,6 +2,8 @@
 // or one that was never frozen, fails generation with the command that regenerates it.
 #include "../schedules/schedule_source.h"
 
+#include "attn/generated/manifest.h"
+
 #include <gtest/gtest.h>
 
 namespace {
@@ -71,6 +73,15 @@ TEST(FrozenIsa, IsTheManifestIsaWithMostOfTheTargetsFeatures) {
     EXPECT_EQ(attn_sched::frozen_isa(Halide::Target("x86-64-linux-sse41-cuda-cuda_capability_86")), "cuda");
     EXPECT_EQ(attn_sched::frozen_isa(Halide::Target("x86-64-linux-sse41-opencl")), "cuda");
     EXPECT_EQ(attn_sched::frozen_isa(Halide::Target("arm-64-linux")), "arm64");
+}
+
+// The runtime prepares a CPU layer's fp32 weights in panels of the manifest's f32_lanes
+// (tools/manifest.py), which the layer generator reads in panels of Halide's vector of floats.
+TEST(Manifest, F32LanesAreHalides) {
+    for (const attn::manifest::Isa &isa : attn::manifest::kIsas) {
+        const Halide::Target target(isa.halide_target);
+        EXPECT_EQ(isa.f32_lanes, target.has_gpu_feature() ? 0 : target.natural_vector_size<float>()) << isa.name;
+    }
 }
 
 TEST(ManualParameter, OutOfRangeFailsNamingTheParameterAndZeroTakesTheTargetsDefault) {

@@ -231,6 +231,15 @@ class Manifest:
     def target(self, isa):
         return self.isas[isa]["halide_target"]
 
+    def f32_lanes(self, isa):
+        """Floats in one of the ISA's vectors (Halide's natural_vector_size<float>, which the test
+        Manifest.F32LanesAreHalides checks): the width of the panels a CPU's fp32 layer reads its
+        prepared weights in (attn_gen::WeightLayout::panels); 0 on a GPU, whose weights stay rows."""
+        if self.is_gpu(isa):
+            return 0
+        features = self.target(isa).split("-")[2:]
+        return 16 if "avx512" in features else 8 if "avx" in features else 4
+
     def arch(self, isa):
         """The ISA's architecture: the first two parts of its Halide target (x86-64, arm-64)."""
         return "-".join(self.target(isa).split("-")[:2])
@@ -441,6 +450,7 @@ struct Isa {{
     bool cross_compiled;  // for another architecture than this build's: never linked here
     const char *frozen_schedules_of;
     Names variants;  // the schedule sources it is built with
+    int f32_lanes;  // floats a vector: an fp32 CPU layer's weight panels (attn_gen::WeightLayout::panels); 0: GPU
 }};
 inline constexpr Isa kIsas[] = {{
 {isas}}};
@@ -527,7 +537,8 @@ def emit_header(m, path, arch):
                  for n, f in m.functions.items()]
     isas = [", ".join([_c(n), _c(i["halide_target"]), _c(i["device"]), _names(i.get("cpu_features", [])),
                        str(i.get("dispatch_rank", 0)), "true" if m.arch(n) != arch else "false",
-                       _c(i.get("frozen_schedules_of", n)), _names(i["variants"])]) for n, i in m.isas.items()]
+                       _c(i.get("frozen_schedules_of", n)), _names(i["variants"]), str(m.f32_lanes(n))])
+            for n, i in m.isas.items()]
     sources = []
     for n, s in m.sources.items():
         params = s.get("autoscheduler_params", {})

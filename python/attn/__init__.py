@@ -364,8 +364,8 @@ class AttentionLayer:
     """The fused BERT self-attention layer: LayerNorm(x + (softmax(QK^T/sqrt(d) + masks) V) W_o^T + b_o).
 
     Weights in nn.Linear's convention (w_* [H, H] as [out, in], biases [H]), float32 NumPy
-    arrays or torch tensors. The four matrices are prepared here (fp32: transposed, the layout
-    the fused layer reads); the vectors are viewed, not copied. Torch weights changed in place
+    arrays or torch tensors. The four matrices are prepared here (fp32: in the layout the
+    fused layer reads, panels of a vector of outputs on a CPU, transposed on a GPU); the vectors are viewed, not copied. Torch weights changed in place
     (their version moves: load_state_dict, an optimizer step) are prepared again at the next
     call, in the same precision and variant (from_hf keeps the module's own tensors); NumPy
     weights must not change while the layer is used.

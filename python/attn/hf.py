@@ -10,7 +10,7 @@
                               attention through it (grouped-query heads are repeated)
 
 A patched block computes exactly what the module computes in inference (dropout off). Its
-weight matrices are prepared when it is patched (transposed; on a GPU copied to the device),
+weight matrices are prepared when it is patched (in the fused layer's layout; on a GPU copied to the device),
 and prepared again at the next call after new weights are loaded into the model in place
 (load_state_dict copies into the parameters: their version moves). Only BERT's block
 exactly is patched (its submodules and nothing else), not a relative with more in it (e.g.

@@ -3,6 +3,7 @@
 // layer. Packed batches: packed.cpp; the stages: stages.cpp.
 #include "attn/attention.h"
 #include "attn/function_calls.h"
+#include "attn/generated/manifest.h"
 #include "attn/internal.h"
 
 #include "pipeline_call.h"
@@ -76,8 +77,15 @@ Attention::Attention(Config config, LayerWeights weights, const std::string &var
         return;
     }
     variant_ = &select_variant(variant);
-    by_shape_class_ = variant.empty();  // the default and the class picks are CPU variants, one weight layout
-    prepared_weights_ = std::make_shared<detail::PreparedWeights>(weights_, *variant_);
+    by_shape_class_ = variant.empty();  // the default and the class picks are CPU variants
+    std::vector<const VariantInfo *> class_picks;
+    int64_t longest_bounded = 0;
+    for (const manifest::ShapeClass &c : manifest::kShapeClasses) {
+        if (!by_shape_class_) break;
+        class_picks.push_back(&default_variant_for(c.max_seq ? c.max_seq : longest_bounded + 1));
+        longest_bounded = std::max<int64_t>(longest_bounded, c.max_seq);
+    }
+    prepared_weights_ = std::make_shared<detail::PreparedWeights>(weights_, *variant_, class_picks);
 }
 
 const VariantInfo &Attention::variant_for(int64_t s_q, int64_t s_k) const {
@@ -123,7 +131,8 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
         pipeline::bias_input(in.bias, batch, heads, s_q, s_k, gpu, uploaded ? &uploaded->zeros : nullptr);
     std::unique_ptr<pipeline::WeightBuffers> given;  // a bf16 or int8 layer's vectors
     pipeline::WeightBuffers &w =
-        prepared ? prepared->weights : *(given = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
+        prepared ? prepared->weights_for(variant)
+                 : *(given = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
     auto x = pipeline::halide_view(in.x);
     auto kv = cross ? pipeline::halide_view(in.kv) : x;
     auto y_buffer = pipeline::halide_view(y);

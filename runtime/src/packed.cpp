@@ -125,7 +125,8 @@ void Attention::forward_packed(const PackedInputs &in, MutableTensor y, MutableT
     if (want_probs) padded_probs = Halide::Runtime::Buffer<float>(s_max, s_max, int32_t(heads), b);
     std::unique_ptr<pipeline::WeightBuffers> given;  // a bf16 or int8 layer's vectors
     pipeline::WeightBuffers &w =
-        prepared ? prepared->weights : *(given = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
+        prepared ? prepared->weights_for(variant)
+                 : *(given = std::make_unique<pipeline::WeightBuffers>(weights_, true, true));
     pipeline::Call call(want_probs         ? "attention_layer_packed_probs"
                         : reduced_weights_ ? reduced_precision(config_.precision).packed_layer
                                            : "attention_layer_packed",

@@ -229,8 +229,8 @@ void Call::run() {
 
 namespace attn::detail {
 namespace {
-// The elements per row of a prepared matrix of `columns` columns: whole cache lines, an odd
-// number of them. A CPU register tile reads one line or two of each row, row after row; at a
+// The elements per row of a prepared bf16 or int8 matrix of `columns` columns: whole cache
+// lines, an odd number of them. A CPU register tile reads one line or two of each row, row after row; at a
 // stride of a power of 2 times 64 bytes (H = 768 floats: 48 lines) those lines fall in a
 // few of L1's 64 sets (4 of them at 48 lines), and the tile's rows of weights evict each
 // other long before the next row tile reads them again. An odd number of lines spreads them
@@ -239,10 +239,31 @@ int conflict_free_row(int columns, size_t element_bytes) {
     const int per_line = int(64 / element_bytes), lines = (columns + per_line - 1) / per_line;
     return (lines | 1) * per_line;
 }
+
+// The floats of a vector of the variant's ISA (manifest.json's, tools/manifest.py: f32_lanes).
+int f32_lanes(const VariantInfo &variant) {
+    for (const manifest::Isa &isa : manifest::kIsas)
+        if (variant.isa == isa.name && isa.f32_lanes > 0) return isa.f32_lanes;
+    throw Error("variant", "'" + variant.name + "' has no CPU ISA of manifest.json to prepare its weights for");
+}
+
+// W (in, out) = [H_out, H_in] in panels of `lanes` outputs (attn_gen::WeightLayout::panels):
+// (o % lanes + lanes·i, o / lanes) = W[o, i], the last panel's lanes past H_out zero. A
+// register tile reads, for each input feature, one vector of each of its panels: a few
+// sequential streams, not rows of the transpose 3 KiB apart.
+Halide::Runtime::Buffer<const float> in_panels(const Halide::Runtime::Buffer<const float> &w, int lanes) {
+    const int h_in = w.dim(0).extent(), h_out = w.dim(1).extent();
+    Halide::Runtime::Buffer<float> panels(lanes * h_in, (h_out + lanes - 1) / lanes);
+    panels.fill(0.0f);
+    for (int o = 0; o < h_out; ++o)
+        for (int i = 0; i < h_in; ++i) panels(o % lanes + lanes * i, o / lanes) = w(w.dim(0).min() + i, w.dim(1).min() + o);
+    return panels;
+}
 }  // namespace
 
-PreparedWeights::PreparedWeights(const LayerWeights &w, const VariantInfo &variant)
-    : weights(w, true, true), uploaded(variant.device != "cpu") {
+PreparedWeights::PreparedWeights(const LayerWeights &w, const VariantInfo &variant,
+                                 const std::vector<const VariantInfo *> &class_picks)
+    : weights(w, true, true), uploaded(variant.device != "cpu"), lanes(uploaded ? 0 : f32_lanes(variant)) {
     pipeline::prepare_halide(variant);
     const halide_device_interface_t *gpu = device_interface(variant.device);
     for (pipeline::WeightBuffers::Weight &weight : weights.weights) {
@@ -261,10 +282,13 @@ PreparedWeights::PreparedWeights(const LayerWeights &w, const VariantInfo &varia
                 source = host;
             }
             const int h_out = given.dim(1).extent(), h_in = given.dim(0).extent();
-            Halide::Runtime::Buffer<float> rows(gpu ? h_out : conflict_free_row(h_out, sizeof(float)), h_in);
-            Halide::Runtime::Buffer<float> prepared = rows.cropped(0, 0, h_out);
-            prepared.copy_from(source.transposed(0, 1));
-            given = prepared;
+            if (gpu) {
+                Halide::Runtime::Buffer<float> prepared(h_out, h_in);
+                prepared.copy_from(source.transposed(0, 1));
+                given = prepared;
+            } else {
+                given = in_panels(source, lanes);
+            }
             weight.memory = Memory::host;
         } else if (weight.memory == Memory::device) {
             continue;  // a vector in device memory is read in place
@@ -274,6 +298,25 @@ PreparedWeights::PreparedWeights(const LayerWeights &w, const VariantInfo &varia
         pipeline::check_halide(given.copy_to_device(gpu), weight.name, "copying the weight to the device");
         ++pipeline::uploads;
     }
+    if (gpu) return;  // (class picks are CPU variants: an Attention of a GPU variant names it)
+    for (const VariantInfo *pick : class_picks) {
+        const int width = f32_lanes(*pick);
+        if (width == lanes || std::any_of(other_widths.begin(), other_widths.end(),
+                                          [&](const auto &other) { return other.first == width; }))
+            continue;
+        pipeline::WeightBuffers &panels = other_widths.emplace_back(width, pipeline::WeightBuffers(w, true, true)).second;
+        for (pipeline::WeightBuffers::Weight &weight : panels.weights)
+            if (weight.buffer.dimensions() == 2) weight.buffer = in_panels(weight.buffer, width);
+    }
+}
+
+pipeline::WeightBuffers &PreparedWeights::weights_for(const VariantInfo &variant) {
+    const int width = variant.device == "cpu" ? f32_lanes(variant) : 0;
+    if (width == lanes) return weights;
+    for (auto &[other, buffers] : other_widths)
+        if (other == width) return buffers;
+    throw Error("variant", "'" + variant.name + "' reads its weights in panels of " + std::to_string(width) +
+                               " floats, which this Attention did not prepare (an internal error)");
 }
 }  // namespace attn::detail
 
@@ -294,7 +337,7 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
         hidden = out;
         // In the groups of input features the products read (attn_gen::WeightLayout::grouped):
         // element (group·o + lane, i_group) = W[o, group·i_group + lane], zero past `in`.
-        // (Rows of conflict_free_row elements, as the fp32 weights'.)
+        // (Rows of conflict_free_row elements.)
         const int64_t group = int8 ? 4 : 2, in_groups = (in + group - 1) / group, row = group * out;
         const std::size_t size = int8 ? 1 : 2;
         const int64_t stride = conflict_free_row(int(row), size);

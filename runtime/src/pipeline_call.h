@@ -165,17 +165,25 @@ private:
 }  // namespace attn::pipeline
 
 namespace attn::detail {
-// An fp32 layer's weights, prepared by the Attention constructor: each matrix transposed,
-// [H_in, H_out] (the layout the fused layer reads: generators/layer_generator.cpp,
-// layer_weights), once, on the host. A GPU variant's are then uploaded once, from host or
+// An fp32 layer's weights, prepared by the Attention constructor in the layout the fused
+// layer reads (generators/layer_generator.cpp, layer_weights), once, on the host: for a CPU
+// variant in panels of a vector of outputs (attn_gen::WeightLayout::panels), for a GPU
+// variant each matrix transposed, [H_in, H_out]. A GPU variant's are then uploaded once, from host or
 // device memory, and a vector uploaded once (host memory) or wrapped in place (device
 // memory); its calls pass them as they are. A CPU variant's vectors are the caller's.
 struct PreparedWeights {
     pipeline::WeightBuffers weights;
     bool uploaded;                     // on the variant's GPU
+    int lanes;                         // a CPU variant's: the panels' width (its ISA's floats a vector)
     pipeline::RowCache<uint8_t> ones;  // a GPU's absent mask, for the next call
     pipeline::RowCache<float> zeros;   // a GPU's absent bias
-    PreparedWeights(const LayerWeights &w, const VariantInfo &variant);
+    // An Attention made without a variant runs each shape class with its pick
+    // (Attention::variant_for), which may be of another vector width: its panels too, once.
+    std::vector<std::pair<int, pipeline::WeightBuffers>> other_widths;
+    PreparedWeights(const LayerWeights &w, const VariantInfo &variant,
+                    const std::vector<const VariantInfo *> &class_picks = {});
+    // The weights `variant` (the Attention's, or one of its class picks) reads.
+    pipeline::WeightBuffers &weights_for(const VariantInfo &variant);
 };
 
 // A bf16 or int8 Attention's four matrices (Precision::bf16, int8), rounded to bf16

@@ -326,9 +326,10 @@ struct ReducedWeights;
 
 class Attention {
 public:
-    // The weight matrices are prepared here, once: in fp32 each transposed into the layout
-    // the fused layer reads (its register tiles on a CPU, its kernels on a GPU, which copies
-    // a device-memory one to the host for it), and on a GPU every weight then copied to the
+    // The weight matrices are prepared here, once: in fp32 each rearranged into the layout
+    // the fused layer reads (panels of a vector of outputs for its register tiles on a CPU,
+    // the transpose for its kernels on a GPU, which copies a device-memory one to the host
+    // for it), and on a GPU every weight then copied to the
     // device (a device-memory vector is read in place). The object keeps that copy: later
     // changes to the caller's matrices are not seen. So do bf16 and int8
     // (config.precision), which round or quantize the four matrices here (host memory).
@@ -367,7 +368,7 @@ private:
     LayerWeights weights_;
     const VariantInfo *variant_;
     bool by_shape_class_ = false;  // fp32, no variant named: each call's shape class picks
-    std::shared_ptr<detail::PreparedWeights> prepared_weights_;  // fp32: transposed (and on a GPU's device)
+    std::shared_ptr<detail::PreparedWeights> prepared_weights_;  // fp32: in panels (CPU) or transposed (GPU, on its device)
     std::shared_ptr<detail::ReducedWeights> reduced_weights_;    // bf16, int8: the matrices rounded or quantized
 };
 
