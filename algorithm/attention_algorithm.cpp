@@ -29,16 +29,26 @@ Expr weight_at(Func weight, WeightLayout layout, Expr out, Expr in_feature, Expr
     }
 }
 
+// Element `at` = group·out + lane of a grouped weight's group row in_group (WeightLayout::grouped,
+// in panels of `panel` outputs: each panel's group rows one after another, group·panel elements
+// each). As for fp32's panels, only the panel is clamped past the last output.
+Expr grouped_at(Func weight, int group, int panel, Expr at, Expr in_group, Expr features) {
+    if (panel <= 0) throw CompileError("WeightLayout::grouped needs the panel's width");
+    const int row = group * panel;
+    return weight(at % row + row * in_group, last(at / row, (features + panel - 1) / panel));
+}
+
 // weight_t(lane, out, in_group) = W[out, group·in_group + lane] from a weight in `layout`, zero
 // past the input features (a grouped weight has its zeros already): a reduced precision's
 // groups of input features (Linear::weight_transposed).
-void define_weight_in_groups(Func weight_t, Func weight, WeightLayout layout, int group, Expr features, Type type) {
+void define_weight_in_groups(Func weight_t, Func weight, WeightLayout layout, int group, Expr features, Type type,
+                             int panel) {
     const Var &out = dims.hidden;
     Var lane{group == 2 ? "pair" : "quad"}, in_group{group == 2 ? "in_pair" : "in_quad"};
     Expr in_feature = group * in_group + lane;
     weight_t(lane, out, in_group) =
         layout == WeightLayout::grouped
-            ? weight(group * last(out, features) + lane, in_group)
+            ? grouped_at(weight, group, panel, group * out + lane, in_group, features)
             : select(in_feature < features, weight_at(weight, layout, out, last(in_feature, features), features),
                      cast(type, 0));
 }
@@ -113,7 +123,7 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
         // (QuantizedRows::values is defined past the row), so that a quad is one 4-byte load,
         // broadcast to every lane.
         l.product(out, s, b) = 0;
-        define_weight_in_groups(l.weight_transposed, weight, layout, 4, features, Int(8));
+        define_weight_in_groups(l.weight_transposed, weight, layout, 4, features, Int(8), panel);
         Expr row = last(s, tokens), quads = (features + 3) / 4;
         if (int8.sum == Int8Sum::quads) {
             l.k = RDom({{0, 4}, {0, quads}}, name + "_k");
@@ -132,19 +142,21 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
             l.pair_sums(out_pair, s, b, in_quad) =
                 saturating_add(l.pair_sums(out_pair, s, b, in_quad),
                                cast<int16_t>(in(4 * in_quad + byte % 4, row, b)) *
-                                   cast<int16_t>(weight(last(byte, 4 * features), in_quad)));
+                                   cast<int16_t>(grouped_at(weight, 4, panel, byte, in_quad, features)));
             l.k = RDom({{0, 2}, {0, quads}}, name + "_k");
             l.product(out, s, b) += cast<int32_t>(l.pair_sums(2 * out + l.k.x, s, b, l.k.y));
         }
-        // The scales are read at `out` itself, not clamped: the epilogue runs on real outputs
-        // only (a clamped vector index would be a gather).
+        // The scales clamped for whole vectors of outputs past the last (a panel's; `likely`
+        // so that Halide's loop partitioning finds the clamp the two loads share, and the
+        // steady state reads each vector as one load).
         const QuantizedRows &r = int8.rows;
-        result = r.step(row, b) * int8.weight.scale(out) *
-                 cast<float>(l.product(out, s, b) - r.zero(row, b) * int8.weight.sum(out));
+        Expr o = min(likely(out), features - 1);
+        result = r.step(row, b) * int8.weight.scale(o) *
+                 cast<float>(l.product(out, s, b) - r.zero(row, b) * int8.weight.sum(o));
     } else {
         l.product(out, s, b) = 0.0f;
         // Pairs of input features; an odd count's last pair is completed by a zero weight.
-        define_weight_in_groups(l.weight_transposed, weight, layout, 2, features, BFloat(16));
+        define_weight_in_groups(l.weight_transposed, weight, layout, 2, features, BFloat(16), panel);
         const std::vector<Var> pair_out_in = l.weight_transposed.args();
         l.weight_widened = Func{name + "_weight_widened"};
         l.weight_widened(pair_out_in) = cast<float>(l.weight_transposed(pair_out_in));
@@ -328,12 +340,13 @@ OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b
         no_bias(o) = 0.0f;
         if (precision == Precision::bf16) {
             n.context_rounded(feature, s, b) = cast(BFloat(16), context);
-            n.rounded = linear("projection", n.context_rounded, w_o, no_bias, hidden, tokens, Func(), layout, precision);
+            n.rounded = linear("projection", n.context_rounded, w_o, no_bias, hidden, tokens, Func(), layout, precision,
+                               Int8Operands(), Float(32), panel);
         } else {
             n.context_rounded(feature, s, b) = context;
             n.context_quantized = quantized_to_u8("context_quantized", n.context_rounded, hidden);
             n.rounded = linear("projection", n.context_quantized.values, w_o, no_bias, hidden, tokens, Func(), layout,
-                               precision, {n.context_quantized, w_o_scales, int8_sum});
+                               precision, {n.context_quantized, w_o_scales, int8_sum}, Float(32), panel);
         }
         n.weight_transposed = n.rounded.weight_transposed;
         n.projection = n.rounded.out;

@@ -38,16 +38,17 @@ struct Dims {
 // How a weight arrives: as nn.Linear's [out, in], (in, out) in Halide's order; or prepared
 // once by its caller as the transpose, [in, out] = (out, in), the layout a GPU's kernels
 // read, so that no call transposes it again (the runtime's Attention prepares it for a
-// GPU variant's fused layer: runtime/src/pipeline_call.cpp, DeviceWeights); or, for a
-// reduced precision's products (bf16 pairs, int8 quads of input features), prepared once in
-// those groups as the products read them, (group·out + lane, in_group) = W[out, group·in_group
-// + lane], zero past the input features (the runtime's Attention: ReducedWeights), so that a
-// call reads each group as one load, in place. Or, for a CPU's fp32 layer, prepared once in
-// panels of `panel` output features (the target's vector of floats), each panel's rows one
-// after another: (out % panel + panel·in, out / panel) = W[out, in] (the runtime's Attention:
-// PreparedWeights), so that a register tile reads its weights as a few sequential streams
-// (rows of the transpose, 3 KiB apart at H=768, left the Zen 3 VM's GEMMs at 63-81 GFLOP/s of a
-// core's 100; these panels 94-96: docs/measurements.md, "The weights in panels").
+// GPU variant's fused layer: runtime/src/pipeline_call.cpp, PreparedWeights); or, for a
+// CPU's fp32 layer, prepared once in panels of `panel` output features (the target's vector of
+// floats), each panel's rows one after another: (out % panel + panel·in, out / panel) =
+// W[out, in] (the runtime's Attention: PreparedWeights), so that a register tile reads its
+// weights as a few sequential streams (rows of the transpose, 3 KiB apart at H=768, left the
+// Zen 3 VM's GEMMs at 63-81 GFLOP/s of a core's 100; these panels 94-96: docs/measurements.md,
+// "The weights in panels"). Or, for a reduced precision's products (bf16 pairs, int8 quads of
+// input features), prepared once in those groups as the products read them, and in the same
+// panels: (group·(out % panel) + lane + group·panel·in_group, out / panel) = W[out,
+// group·in_group + lane], zero past the input and output features (the runtime's Attention:
+// ReducedWeights), so that a call reads each panel's group as one load, in place.
 enum class WeightLayout { linear, transposed, grouped, panels };
 
 // The operands of the projections' GEMMs (DESIGN.md, "Reduced precision"): fp32; or bf16,

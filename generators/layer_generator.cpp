@@ -26,8 +26,9 @@ public:
     Input<Buffer<float, 3>> x{"x"};
     // Prepared once by the runtime (layer_weights below): in fp32 on a CPU in panels of a
     // vector of outputs, (out % panel + panel·in, out / panel), on a GPU nn.Linear's
-    // transposed, (out, in) = [H_in, H_out]; in bf16 and int8 in pairs or quads of input features,
-    // (group·out + lane, in_group). float, bfloat16 in bf16, int8 in int8, in [-63, 63]
+    // transposed, (out, in) = [H_in, H_out]; in bf16 and int8 in pairs or quads of input
+    // features, in the same panels (attn_gen::WeightLayout::grouped). float, bfloat16 in
+    // bf16, int8 in int8, in [-63, 63]
     // (attn::kInt8WeightLimit: without VNNI the pairs' i16 sums would saturate beyond it)
     // (configure).
     Input<Buffer<void, 2>> w_q{"w_q"}, w_k{"w_k"}, w_v{"w_v"}, w_o{"w_o"};
@@ -117,9 +118,10 @@ public:
             {0, kEstimateHidden}, {0, kEstimateSeq * (packed ? batch : 1)}, {0, packed ? 1 : batch}};
         const Region score{{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, batch}};
         x.set_estimates(activation);
-        const int group = precision == Precision::bf16 ? 2 : precision == Precision::int8 ? 4 : std::max(1, weight_panel());
+        // (group·panel·in_group elements a panel: panel·H, whatever the group)
+        const int panel = std::max(1, weight_panel());
         for (auto *w : {&w_q, &w_k, &w_v, &w_o})
-            w->set_estimates({{0, kEstimateHidden * group}, {0, kEstimateHidden / group}});
+            w->set_estimates({{0, kEstimateHidden * panel}, {0, kEstimateHidden / panel}});
         if (weight_scales) weight_scales->set_estimates({{0, kEstimateHidden}, {0, 2}, {0, 4}});
         for (auto *p : {&b_q, &b_k, &b_v, &b_o, &gamma, &beta}) p->set_estimates({{0, kEstimateHidden}});
         bias.set_estimates(score);
@@ -145,16 +147,16 @@ public:
     // register tiles read in place, a sequential stream per vector (on the CPU that saves the
     // panels' packing, 14% of the call at B=1 S=128: tools/halide_profile.py); bf16 and int8,
     // which the Attention rounds or quantizes once anyway (ReducedWeights), in the groups
-    // their products read. The stages, called with their weights each time, take nn.Linear's.
+    // their products read, in the same panels. The stages, called with their weights each time, take nn.Linear's.
     static WeightLayout layer_weights(const Target &target, Precision precision) {
         if (precision != Precision::fp32) return WeightLayout::grouped;
         return target.has_gpu_feature() ? WeightLayout::transposed : WeightLayout::panels;
     }
-    // The panels' width: a vector of floats, which the runtime reads from manifest.json's ISA
-    // (attn::manifest::Isa::f32_lanes; the test Manifest.F32LanesAreHalides ties the two).
+    // The panels' width on a CPU (fp32's panels, bf16's and int8's groups): a vector of
+    // floats, which the runtime reads from manifest.json's ISA (attn::manifest::Isa::f32_lanes;
+    // the test Manifest.F32LanesAreHalides ties the two).
     int weight_panel() const {
-        return layer_weights(get_target(), precision) == WeightLayout::panels ? get_target().natural_vector_size<float>()
-                                                                               : 0;
+        return get_target().has_gpu_feature() ? 0 : get_target().natural_vector_size<float>();
     }
 
     void schedule_manual_cpu() {

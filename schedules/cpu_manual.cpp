@@ -162,9 +162,8 @@ void schedule_rows(Func rows, const Target &target) {
 // int8 reads its quads in place, summing them in pairs (Linear::pair_sums, register_tile).
 // A weight prepared in its groups (attn_gen::WeightLayout::grouped) is already stored as a
 // native panel is, and an fp32 one prepared in panels (WeightLayout::panels) has a vector of
-// outputs contiguous for each input feature, a panel's one after another: the tiles read
-// either in place, with no packing per call. (A panel's vector is read as one load only where
-// the tile starts at a multiple of it: hence the outputs' computed region aligned to it.)
+// outputs contiguous for each input feature, a panel's one after another (the groups are in
+// the same panels): the tiles read either in place, with no packing per call.
 // Given `reads` (a condition uniform over the call), each branch is compiled apart, so that a
 // product reading select(reads, ...) reads one operand (attn_gen::LayerInputs::kv_is_x).
 void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const std::vector<RVar> &reduction,
@@ -210,9 +209,12 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
     tasks(stage);
     const bool widened = precision == attn_gen::Precision::bf16 && !native_bf16(target);
     const bool panel_layout = precision != attn_gen::Precision::fp32 && !widened;
+    // Prepared panels of vw outputs: a tile (or bf16's widening) starting at a multiple of vw
+    // reads each panel's vector as one load (unaligned, Halide computes each lane's panel).
+    if (layout == attn_gen::WeightLayout::grouped || layout == attn_gen::WeightLayout::panels)
+        out.align_bounds(o, vw);
     if ((layout == attn_gen::WeightLayout::grouped && panel_layout) ||
         (layout == attn_gen::WeightLayout::panels && precision == attn_gen::Precision::fp32)) {
-        if (layout == attn_gen::WeightLayout::panels) out.align_bounds(o, vw);
         register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision, pair_sums);
         return;
     }

@@ -276,6 +276,28 @@ TEST(Manifest, PreparedWeightsAreThePanelsOfEachVariantsWidth) {
         }
         EXPECT_EQ(matrices, 4) << v->name;
     }
+    // The narrow variant's layer run on its panels from beside the wide variant's (as an
+    // Attention without a variant does for a class pick): the bits of an Attention of its own.
+    Config config;
+    config.hidden_size = h, config.num_heads = 2;
+    const int64_t seq = 5;
+    std::vector<float> x(std::size_t(seq * h)), expected(x.size()), got(x.size(), -1.0f);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(i % 7) * 0.1f - 0.3f;
+    const ConstTensor x_view = view(std::as_const(x), {1, seq, h});
+    Attention(config, weights, narrow.name).forward({x_view}, view(expected, {1, seq, h}));
+    pipeline::prepare_halide(narrow);
+    pipeline::MaskInput mask = pipeline::mask_input(MaskTensor(), 1, seq, nullptr);
+    pipeline::BiasInput bias = pipeline::bias_input(ConstTensor(), 1, 2, seq, seq, nullptr);
+    auto x_buffer = pipeline::halide_view(x_view);
+    auto y_buffer = pipeline::halide_view(view(got, {1, seq, h}));
+    pipeline::Call call("attention_layer", narrow, pipeline::extents(1, seq, seq, 2, h));
+    call.weights(prepared.weights_for(narrow), false);
+    call.input("key_padding_mask", mask).input("bias", bias).input("x", x_buffer, Memory::host);
+    call.placed("kv", x_buffer.raw_buffer());
+    call.scalar("causal", false).scalar("heads", int32_t(2)).scalar("eps", config.layer_norm_eps);
+    call.output("y", y_buffer, Memory::host);
+    call.run();
+    EXPECT_EQ(got, expected);
     // A width it was not asked for is refused, naming the variant, not read wrongly.
     for (const VariantInfo &v : variants()) {
         if (v.device != "cpu" || v.isa == wide.isa || v.isa == narrow.isa) continue;

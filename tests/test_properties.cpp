@@ -135,8 +135,8 @@ TEST_P(PropertyTest, RealTokensIgnorePaddedContent) {
     expect_kept_unchanged(GetParam(), original, *before, *after, kept, "a real token saw padded content");
 }
 
-// An Attention prepares its weight matrices when it is made (transposed in fp32; on a GPU
-// uploaded): changing the caller's afterwards changes none of its results.
+// An Attention prepares its weight matrices when it is made (in fp32 in panels on a CPU,
+// transposed and uploaded on a GPU): changing the caller's afterwards changes none of its results.
 TEST_P(PropertyTest, AnAttentionKeepsTheWeightMatricesItWasMadeWith) {
     ATTN_SKIP_IF_NOT_RUNNABLE(GetParam());
     Problem p;

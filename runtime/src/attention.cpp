@@ -1,6 +1,6 @@
-// attn::Attention over a padded batch: validate, bind the weights (prepared once: transposed,
-// and uploaded for a GPU variant; rounded or quantized in bf16 and int8), call the fused
-// layer. Packed batches: packed.cpp; the stages: stages.cpp.
+// attn::Attention over a padded batch: validate, bind the weights (prepared once: in panels
+// on a CPU, transposed and uploaded for a GPU variant; rounded or quantized in bf16 and int8),
+// call the fused layer. Packed batches: packed.cpp; the stages: stages.cpp.
 #include "attn/attention.h"
 #include "attn/function_calls.h"
 #include "attn/generated/manifest.h"

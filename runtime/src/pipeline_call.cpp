@@ -229,17 +229,6 @@ void Call::run() {
 
 namespace attn::detail {
 namespace {
-// The elements per row of a prepared bf16 or int8 matrix of `columns` columns: whole cache
-// lines, an odd number of them. A CPU register tile reads one line or two of each row, row after row; at a
-// stride of a power of 2 times 64 bytes (H = 768 floats: 48 lines) those lines fall in a
-// few of L1's 64 sets (4 of them at 48 lines), and the tile's rows of weights evict each
-// other long before the next row tile reads them again. An odd number of lines spreads them
-// over every set.
-int conflict_free_row(int columns, size_t element_bytes) {
-    const int per_line = int(64 / element_bytes), lines = (columns + per_line - 1) / per_line;
-    return (lines | 1) * per_line;
-}
-
 // The floats of a vector of the variant's ISA (manifest.json's, tools/manifest.py: f32_lanes).
 int f32_lanes(const VariantInfo &variant) {
     for (const manifest::Isa &isa : manifest::kIsas)
@@ -335,14 +324,17 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
         m.name = a.name;
         const int64_t out = t.shape[0], in = t.shape[1];
         hidden = out;
-        // In the groups of input features the products read (attn_gen::WeightLayout::grouped):
-        // element (group·o + lane, i_group) = W[o, group·i_group + lane], zero past `in`.
-        // (Rows of conflict_free_row elements.)
-        const int64_t group = int8 ? 4 : 2, in_groups = (in + group - 1) / group, row = group * out;
+        // In the groups of input features the products read, in panels of V outputs, V the
+        // variant's floats a vector, as fp32's (attn_gen::WeightLayout::grouped): element
+        // (group·(o % V) + lane + group·V·i_group, o / V) = W[o, group·i_group + lane], zero past
+        // `in` and past `out`.
+        const int64_t group = int8 ? 4 : 2, in_groups = (in + group - 1) / group, lanes = f32_lanes(variant);
+        const int64_t panels = (out + lanes - 1) / lanes, panel = group * lanes * in_groups;  // a panel's elements
         const std::size_t size = int8 ? 1 : 2;
-        const int64_t stride = conflict_free_row(int(row), size);
-        m.bytes.assign(std::size_t(stride * in_groups) * size, 0);
-        auto at = [&](int64_t o, int64_t i) { return std::size_t((i / group) * stride + group * o + i % group); };
+        m.bytes.assign(std::size_t(panel * panels) * size, 0);
+        auto at = [&](int64_t o, int64_t i) {
+            return std::size_t((o / lanes) * panel + (i / group) * group * lanes + group * (o % lanes) + i % group);
+        };
         if (int8) {
             const Int8Weight q = quantize_int8(t, a.name);
             for (int64_t o = 0; o < out; ++o)
@@ -357,7 +349,7 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
             for (int64_t o = 0; o < out; ++o)
                 for (int64_t i = 0; i < in; ++i) bits[at(o, i)] = bf16_bits(t.data[o * in + i]);
         }
-        halide_dimension_t dims[2] = {{0, int32_t(row), 1}, {0, int32_t(in_groups), int32_t(stride)}};
+        halide_dimension_t dims[2] = {{0, int32_t(panel), 1}, {0, int32_t(panels), int32_t(panel)}};
         const halide_type_t type = int8 ? halide_type_t(halide_type_int, 8) : halide_type_t(halide_type_bfloat, 16);
         m.buffer = Halide::Runtime::Buffer<void>(type, m.bytes.data(), 2, dims);
     }

@@ -188,8 +188,9 @@ struct PreparedWeights {
 
 // A bf16 or int8 Attention's four matrices (Precision::bf16, int8), rounded to bf16
 // (attn::bf16_bits) or quantized to int8 (attn::quantize_int8) once, from host memory, and
-// held here transposed, [H_in, H_out], the layout the reduced-precision layer reads
-// (generators/layer_generator.cpp: layer_weights), as Halide bfloat16 or int8 buffers;
+// held here in the layout the reduced-precision layer reads, its groups of input features
+// in panels of a vector of outputs (generators/layer_generator.cpp: layer_weights;
+// attn_gen::WeightLayout::grouped), as Halide bfloat16 or int8 buffers;
 // int8 adds weight_scales, [4, 2, H]: each matrix's (q, k, v, o) scales and sums.
 struct ReducedWeights {
     struct Matrix {
