@@ -100,6 +100,17 @@ def timed(group):
     return {impl: median(r["ms"]) for impl, r in group.items() if r["ms"]}
 
 
+def thread_groups(group):
+    """[(suffix, group)]: one group per thread count where compare.py ran several (--threads 1,2
+    names every case <implementation>@<n>t), its implementations under their own names, so that
+    each count's best variant and peers are found as in a run of one count; else [("", group)]."""
+    counts = sorted({i.rsplit("@", 1)[1] for i in group if i.rsplit("@", 1)[-1][:-1].isdigit() and i.endswith("t")},
+                    key=lambda c: int(c[:-1]))
+    if not counts:
+        return [("", group)]
+    return [("@" + c, {i[:-len(c) - 1]: data for i, data in group.items() if i.endswith("@" + c)}) for c in counts]
+
+
 def best(group, kinds, names=None):
     times = {i: t for i, t in timed(group).items()
              if group[i]["kind"] in kinds and (names is None or i in names)}
@@ -131,18 +142,21 @@ def summary_table(doc, groups, function):
     out = ["| problem | model | roofline ms | best variant | ms | x roofline | best peer | ms | "
            "speedup vs best peer |", "|---|---|---|---|---|---|---|---|---|"]
     for p in doc["problems"]:
-        group = groups.get((function, p["name"]))
-        if not group:
-            continue
-        impl, ms = best_variant(group)
-        if impl is None:
-            continue
-        peer, peer_ms = best_peer(group)
-        roof = roofline(group)
-        out.append(f"| {p['name']} | {p['model']} | {fmt(median(group[roof]['ms']) if roof else None)} | {impl} | "
-                   f"{ms:.2f} | {ratio(group, impl, roof) if roof else '-'} | {peer or '-'} | {fmt(peer_ms)} | "
-                   f"{ratio(group, peer, impl) if peer else '-'} |")
+        for threads, group in thread_groups(groups.get((function, p["name"])) or {}):
+            out.extend(summary_row(p, group, threads))
     return out
+
+
+def summary_row(p, group, threads):
+    """The summary table's row of one problem at one thread count ("" or "@<n>t")."""
+    impl, ms = best_variant(group)
+    if impl is None:
+        return []
+    peer, peer_ms = best_peer(group)
+    roof = roofline(group)
+    return [f"| {p['name']} | {p['model']} | {fmt(median(group[roof]['ms']) if roof else None)} | "
+            f"{impl}{threads} | {ms:.2f} | {ratio(group, impl, roof) if roof else '-'} | "
+            f"{peer + threads if peer else '-'} | {fmt(peer_ms)} | {ratio(group, peer, impl) if peer else '-'} |"]
 
 
 def detail_table(p, group):
@@ -286,18 +300,18 @@ def precision_section(doc, groups, precision):
     what, peers = PRECISIONS[precision]
     rows = []
     for p in doc["problems"]:
-        group = groups.get((LAYER, p["name"]))
-        if not group:
-            continue
-        impl, ms = best(group, (precision,))
-        fp32, fp32_ms = best_variant(group)
-        if impl is None or fp32 is None:
-            continue
-        times = timed(group)
-        fp32_peer, _ = best_peer(group)
-        rows.append(f"| {p['name']} | {impl} | {ms:.2f} | {fp32} | {fp32_ms:.2f} | {ratio(group, fp32, impl)} | " +
-                    "".join(f"{fmt(times.get(peer))} | {ratio(group, peer, impl) or '-'} | " for peer in peers) +
-                    f"{fp32_peer or '-'} | {ratio(group, fp32_peer, impl) if fp32_peer else '-'} |")
+        for threads, group in thread_groups(groups.get((LAYER, p["name"])) or {}):
+            impl, ms = best(group, (precision,))
+            fp32, fp32_ms = best_variant(group)
+            if impl is None or fp32 is None:
+                continue
+            times = timed(group)
+            fp32_peer, _ = best_peer(group)
+            rows.append(f"| {p['name']} | {impl}{threads} | {ms:.2f} | {fp32}{threads} | {fp32_ms:.2f} | "
+                        f"{ratio(group, fp32, impl)} | " +
+                        "".join(f"{fmt(times.get(peer))} | {ratio(group, peer, impl) or '-'} | " for peer in peers) +
+                        f"{fp32_peer + threads if fp32_peer else '-'} | "
+                        f"{ratio(group, fp32_peer, impl) if fp32_peer else '-'} |")
     if not rows:
         return []
     return [f"## The layer in {precision} (paired)", "",

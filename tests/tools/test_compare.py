@@ -50,6 +50,22 @@ check(table[4].startswith("| problem | int8 variant | ms | fastest fp32 variant 
                       "0.50 [0.50, 0.50] | 1.50 | 1.50 [1.50, 1.50] | pytorch | 3.00 [3.00, 3.00] |"
       and len({line.count("|") for line in table[4:7]}) == 1, f"the int8 table: {table}")
 check(report.precision_section(*one, "bf16") == [], "no bf16 table without a bf16 case")
+# With several thread counts (--threads 1,2: every case named <implementation>@<n>t), each
+# count is ranked apart: its best variant and peers, our case against the peer of its count.
+threaded = {f"{name}@{n}t": dict(data, ms=[m / n for m in data["ms"]]) for name, data in group.items() for n in (1, 2)}
+threaded["manual_avx2@baseline@2t"] = {"kind": "baseline", "ms": [0.1] * 5}
+check([(t, sorted(g)) for t, g in report.thread_groups(threaded)][1] ==
+      ("@2t", sorted(list(group) + ["manual_avx2@baseline"])), "the 2-thread group, names without the count")
+check(report.thread_groups(group) == [("", group)], "one thread count: the group as it is")
+table = report.precision_section({"problems": [{"name": "b1", "model": "m"}]},
+                                 {("attention_layer", "b1"): threaded}, "int8")
+check(table[6].startswith("| b1 | manual_avx2_int8@1t | 1.00 | manual_avx2@1t | 2.00 | 2.00 [2.00, 2.00] | 0.50 |")
+      and table[7].startswith("| b1 | manual_avx2_int8@2t | 0.50 | manual_avx2@2t | 1.00 | 2.00 [2.00, 2.00] | 0.25 |")
+      and table[7].endswith("| pytorch@2t | 3.00 [3.00, 3.00] |"), f"the int8 table per thread count: {table}")
+summary = report.summary_table({"problems": [{"name": "b1", "model": "m"}]},
+                               {("attention_layer", "b1"): threaded}, "attention_layer")
+check(summary[3].startswith("| b1 | m | - | manual_avx2@2t | 1.00 | - | pytorch@2t | 1.50 | 1.50 ["),
+      f"the summary per thread count: {summary}")
 
 bench, work = sys.argv[1], pathlib.Path(sys.argv[2])
 rounds = 5
