@@ -14,28 +14,27 @@ const float kLowest = std::numeric_limits<float>::lowest();
 
 // An index a tile may run past, clamped to the last valid one (see the header).
 Expr last(Expr i, Expr extent) { return min(i, extent - 1); }
+// The same, where the clamp is shared by several loads (a let): tagged `likely`, or Halide's
+// loop partitioning does not find it, and the steady state gathers each vector lane by lane.
+Expr last_likely(Expr i, Expr extent) { return min(likely(i), extent - 1); }
+
+// Element `at` = group·out + lane of group row in_group of a weight in panels of `panel`
+// outputs (WeightLayout::panels: group 1; ::grouped: each panel's group rows one after
+// another, group·panel elements each). Past the last output, the last panel (whole: zeros
+// past `features`): only the panel is clamped, so that a vector of a panel stays one load.
+Expr panel_at(Func weight, int group, int panel, Expr at, Expr in_group, Expr features) {
+    if (panel <= 0) throw CompileError("WeightLayout::panels and ::grouped need the panel's width");
+    const int row = group * panel;
+    return weight(at % row + row * in_group, last(at / row, (features + panel - 1) / panel));
+}
 
 // W[out, in] from a weight in `layout` (of `panel` outputs a panel), `features` outputs.
 Expr weight_at(Func weight, WeightLayout layout, Expr out, Expr in_feature, Expr features, int panel = 0) {
     switch (layout) {
     case WeightLayout::transposed: return weight(last(out, features), in_feature);
-    case WeightLayout::panels: {
-        // Past the last output, the last panel (whole: zeros past `features`). Only the panel
-        // is clamped, not each output, so that a vector of a panel stays one load at the edge.
-        if (panel <= 0) throw CompileError("WeightLayout::panels needs the panel's width");
-        return weight(out % panel + panel * in_feature, last(out / panel, (features + panel - 1) / panel));
-    }
+    case WeightLayout::panels: return panel_at(weight, 1, panel, out, in_feature, features);
     default: return weight(in_feature, last(out, features));
     }
-}
-
-// Element `at` = group·out + lane of a grouped weight's group row in_group (WeightLayout::grouped,
-// in panels of `panel` outputs: each panel's group rows one after another, group·panel elements
-// each). As for fp32's panels, only the panel is clamped past the last output.
-Expr grouped_at(Func weight, int group, int panel, Expr at, Expr in_group, Expr features) {
-    if (panel <= 0) throw CompileError("WeightLayout::grouped needs the panel's width");
-    const int row = group * panel;
-    return weight(at % row + row * in_group, last(at / row, (features + panel - 1) / panel));
 }
 
 // weight_t(lane, out, in_group) = W[out, group·in_group + lane] from a weight in `layout`, zero
@@ -48,7 +47,7 @@ void define_weight_in_groups(Func weight_t, Func weight, WeightLayout layout, in
     Expr in_feature = group * in_group + lane;
     weight_t(lane, out, in_group) =
         layout == WeightLayout::grouped
-            ? grouped_at(weight, group, panel, group * out + lane, in_group, features)
+            ? panel_at(weight, group, panel, group * out + lane, in_group, features)
             : select(in_feature < features, weight_at(weight, layout, out, last(in_feature, features), features),
                      cast(type, 0));
 }
@@ -142,15 +141,13 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
             l.pair_sums(out_pair, s, b, in_quad) =
                 saturating_add(l.pair_sums(out_pair, s, b, in_quad),
                                cast<int16_t>(in(4 * in_quad + byte % 4, row, b)) *
-                                   cast<int16_t>(grouped_at(weight, 4, panel, byte, in_quad, features)));
+                                   cast<int16_t>(panel_at(weight, 4, panel, byte, in_quad, features)));
             l.k = RDom({{0, 2}, {0, quads}}, name + "_k");
             l.product(out, s, b) += cast<int32_t>(l.pair_sums(2 * out + l.k.x, s, b, l.k.y));
         }
-        // The scales clamped for whole vectors of outputs past the last (a panel's; `likely`
-        // so that Halide's loop partitioning finds the clamp the two loads share, and the
-        // steady state reads each vector as one load).
+        // The scales clamped for whole vectors of outputs past the last (a panel's).
         const QuantizedRows &r = int8.rows;
-        Expr o = min(likely(out), features - 1);
+        Expr o = last_likely(out, features);
         result = r.step(row, b) * int8.weight.scale(o) *
                  cast<float>(l.product(out, s, b) - r.zero(row, b) * int8.weight.sum(o));
     } else {
@@ -354,9 +351,7 @@ OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b
     n.dense = Func{"dense"};
     // (The residual's row and feature and the bias clamped, as the projection's reads are, so
     // that a schedule may compute whole tiles of rows past the last, and whole panels.)
-    // (likely: the clamp is shared by two loads, which hides it from Halide's loop partitioning
-    // unless tagged so; untagged, the steady state gathered the two vectors lane by lane.)
-    Expr feature = min(likely(o), hidden - 1);
+    Expr feature = last_likely(o, hidden);
     n.dense(o, s, b) = residual(feature, last(s, tokens), b) + b_o(feature) + n.projection(o, s, b);
 
     n.row = RDom(0, hidden, "row");

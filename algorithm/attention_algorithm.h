@@ -141,7 +141,7 @@ struct Int8Operands {
 Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Halide::Func bias, Halide::Expr features,
               Halide::Expr tokens, Halide::Func rows = Halide::Func(), WeightLayout layout = WeightLayout::linear,
               Precision precision = Precision::fp32, const Int8Operands &int8 = Int8Operands(),
-              Halide::Type out_type = Halide::Float(32), int panel = 0);  // panel: WeightLayout::panels
+              Halide::Type out_type = Halide::Float(32), int panel = 0);  // panel: WeightLayout::panels, ::grouped
 
 // in rounded to bf16 (to nearest even), as the bf16 GEMMs take their activations:
 // (feature, seq, batch) of a (feature, seq, batch) Func of `features` features; past them,
@@ -371,7 +371,7 @@ struct LayerInputs {
     Halide::Expr kv_is_x;
     Halide::Func w_q, w_k, w_v, w_o, b_q, b_k, b_v, b_o, gamma, beta;
     WeightLayout weight_layout = WeightLayout::linear;  // of w_q, w_k, w_v and w_o
-    int weight_panel = 0;                               // WeightLayout::panels: output features a panel
+    int weight_panel = 0;                               // WeightLayout::panels, ::grouped: outputs a panel
     Precision precision = Precision::fp32;              // of the projections; bf16: the four weights are bf16
     Precision core_precision = Precision::fp32;         // of the flash core's products: fp32 or bf16
     bool bf16_widened = false;  // a bf16 core's operands as f32 values (flash_attention: no bf16 products)

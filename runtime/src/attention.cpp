@@ -3,7 +3,6 @@
 // call the fused layer. Packed batches: packed.cpp; the stages: stages.cpp.
 #include "attn/attention.h"
 #include "attn/function_calls.h"
-#include "attn/generated/manifest.h"
 #include "attn/internal.h"
 
 #include "pipeline_call.h"
@@ -78,14 +77,8 @@ Attention::Attention(Config config, LayerWeights weights, const std::string &var
     }
     variant_ = &select_variant(variant);
     by_shape_class_ = variant.empty();  // the default and the class picks are CPU variants
-    std::vector<const VariantInfo *> class_picks;
-    int64_t longest_bounded = 0;
-    for (const manifest::ShapeClass &c : manifest::kShapeClasses) {
-        if (!by_shape_class_) break;
-        class_picks.push_back(&default_variant_for(c.max_seq ? c.max_seq : longest_bounded + 1));
-        longest_bounded = std::max<int64_t>(longest_bounded, c.max_seq);
-    }
-    prepared_weights_ = std::make_shared<detail::PreparedWeights>(weights_, *variant_, class_picks);
+    prepared_weights_ = std::make_shared<detail::PreparedWeights>(
+        weights_, *variant_, by_shape_class_ ? detail::default_class_picks() : std::vector<const VariantInfo *>());
 }
 
 const VariantInfo &Attention::variant_for(int64_t s_q, int64_t s_k) const {

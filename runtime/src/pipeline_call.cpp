@@ -236,16 +236,25 @@ int f32_lanes(const VariantInfo &variant) {
     throw Error("variant", "'" + variant.name + "' has no CPU ISA of manifest.json to prepare its weights for");
 }
 
-// W (in, out) = [H_out, H_in] in panels of `lanes` outputs (attn_gen::WeightLayout::panels):
-// (o % lanes + lanes·i, o / lanes) = W[o, i], the last panel's lanes past H_out zero. A
-// register tile reads, for each input feature, one vector of each of its panels: a few
-// sequential streams, not rows of the transpose 3 KiB apart.
+// Where W[o, i] lies in a CPU layer's prepared weight (attn_gen::WeightLayout::panels, and
+// ::grouped for the reduced precisions' groups of `group` input features): panels of `lanes`
+// outputs, each panel's groups one after another, group·lanes elements each, so that a
+// register tile reads, for each group, one vector of each of its panels (a few sequential
+// streams, not rows of the transpose 3 KiB apart). A panel holds group·lanes·in_groups
+// elements; past the last output (and input) they are zero.
+std::size_t panel_offset(int64_t o, int64_t i, int64_t group, int64_t lanes, int64_t in_groups) {
+    return std::size_t((o / lanes) * group * lanes * in_groups + (i / group) * group * lanes + group * (o % lanes) +
+                       i % group);
+}
+
+// W (in, out) = [H_out, H_in] in fp32's panels: (o % lanes + lanes·i, o / lanes) = W[o, i].
 Halide::Runtime::Buffer<const float> in_panels(const Halide::Runtime::Buffer<const float> &w, int lanes) {
     const int h_in = w.dim(0).extent(), h_out = w.dim(1).extent();
     Halide::Runtime::Buffer<float> panels(lanes * h_in, (h_out + lanes - 1) / lanes);
     panels.fill(0.0f);
     for (int o = 0; o < h_out; ++o)
-        for (int i = 0; i < h_in; ++i) panels(o % lanes + lanes * i, o / lanes) = w(w.dim(0).min() + i, w.dim(1).min() + o);
+        for (int i = 0; i < h_in; ++i)
+            panels.data()[panel_offset(o, i, 1, lanes, h_in)] = w(w.dim(0).min() + i, w.dim(1).min() + o);
     return panels;
 }
 }  // namespace
@@ -324,17 +333,14 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
         m.name = a.name;
         const int64_t out = t.shape[0], in = t.shape[1];
         hidden = out;
-        // In the groups of input features the products read, in panels of V outputs, V the
-        // variant's floats a vector, as fp32's (attn_gen::WeightLayout::grouped): element
-        // (group·(o % V) + lane + group·V·i_group, o / V) = W[o, group·i_group + lane], zero past
-        // `in` and past `out`.
+        // In the groups of input features the products read, in fp32's panels of V outputs, V
+        // the variant's floats a vector (attn_gen::WeightLayout::grouped, panel_offset):
+        // element (group·(o % V) + lane + group·V·i_group, o / V) = W[o, group·i_group + lane].
         const int64_t group = int8 ? 4 : 2, in_groups = (in + group - 1) / group, lanes = f32_lanes(variant);
         const int64_t panels = (out + lanes - 1) / lanes, panel = group * lanes * in_groups;  // a panel's elements
         const std::size_t size = int8 ? 1 : 2;
         m.bytes.assign(std::size_t(panel * panels) * size, 0);
-        auto at = [&](int64_t o, int64_t i) {
-            return std::size_t((o / lanes) * panel + (i / group) * group * lanes + group * (o % lanes) + i % group);
-        };
+        auto at = [&](int64_t o, int64_t i) { return panel_offset(o, i, group, lanes, in_groups); };
         if (int8) {
             const Int8Weight q = quantize_int8(t, a.name);
             for (int64_t o = 0; o < out; ++o)

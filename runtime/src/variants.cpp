@@ -236,6 +236,13 @@ const VariantInfo &default_variant_for(int64_t seq) {
     return select_variant();
 }
 
+std::vector<const VariantInfo *> detail::default_class_picks() {
+    std::vector<const VariantInfo *> picks;
+    for (const Entry *pick : default_choice().class_picks)
+        if (pick) picks.push_back(&pick->info);
+    return picks;
+}
+
 std::string default_variant_reason() {
     const DefaultChoice &c = default_choice();
     return c.entry ? c.entry->info.name + ": " + c.reason : "no compiled variant can run on this CPU";

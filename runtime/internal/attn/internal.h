@@ -99,6 +99,9 @@ std::string cpu_id();
 // instruction set, in the order dispatch tries them: those of its model name and id, then
 // those of its model name made before ids were recorded (an entry without one).
 std::vector<const manifest::MeasuredOrder *> measurements_of_this_cpu(const std::string &widest);
+// The shape classes' measured picks on this CPU, those there are (default_variant_for gives
+// them; a class without one runs select_variant()'s).
+std::vector<const VariantInfo *> default_class_picks();
 
 // Whether `device` ("cpu", "cuda", "opencl") can run here: for a GPU, its driver loads
 // and reports a device; `why` says what is missing.
