@@ -19,13 +19,21 @@ Expr last(Expr i, Expr extent) { return min(i, extent - 1); }
 Expr last_likely(Expr i, Expr extent) { return min(likely(i), extent - 1); }
 
 // Element `at` = group·out + lane of group row in_group of a weight in panels of `panel`
-// outputs (WeightLayout::panels: group 1; ::grouped: each panel's group rows one after
-// another, group·panel elements each). Past the last output, the last panel (whole: zeros
-// past `features`): only the panel is clamped, so that a vector of a panel stays one load.
+// outputs (WeightLayout::panels: group 1, (panel·in, panels); ::grouped: each panel's
+// group rows one after another, group·panel elements each, viewed as (group·panel, rows) with
+// grouped_rows(features, group) rows a panel, so that an AMX tile's rows are the view's).
+// Past the last output, the last panel (whole: zeros past `features`): only the panel is
+// clamped, so that a vector of a panel stays one load.
+Expr last_panel(Expr p, int panel, Expr features) { return last(p, (features + panel - 1) / panel); }
+// Element `in_row` of row in_group of panel p of a grouped weight (the view's).
+Expr grouped_at(Func weight, int group, int panel, Expr in_row, Expr in_group, Expr p, Expr features) {
+    return weight(in_row, in_group + grouped_rows(features, group) * last_panel(p, panel, features));
+}
 Expr panel_at(Func weight, int group, int panel, Expr at, Expr in_group, Expr features) {
     if (panel <= 0) throw CompileError("WeightLayout::panels and ::grouped need the panel's width");
     const int row = group * panel;
-    return weight(at % row + row * in_group, last(at / row, (features + panel - 1) / panel));
+    if (group == 1) return weight(at % row + row * in_group, last_panel(at / row, panel, features));
+    return grouped_at(weight, group, panel, at % row, in_group, at / row, features);
 }
 
 // W[out, in] from a weight in `layout` (of `panel` outputs a panel), `features` outputs.
@@ -60,6 +68,11 @@ void define_weight_transposed(Func weight_t, Func weight, WeightLayout layout, E
 }
 }  // namespace
 
+
+Expr grouped_rows(Expr features, int group) {
+    const int tile = kAmxTileColumns * group;
+    return (features + tile - 1) / tile * kAmxTileColumns;
+}
 
 Func rounded_to_bf16(const std::string &name, Func in, Expr features) {
     Func rounded{name};
@@ -103,7 +116,8 @@ QuantizedRows quantized_to_u8(const std::string &name, Func in, Expr features) {
 }
 
 Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr features, Expr tokens, Func rows,
-              WeightLayout layout, Precision precision, const Int8Operands &int8, Type out_type, int panel) {
+              WeightLayout layout, Precision precision, const Int8Operands &int8, Type out_type, int panel,
+              bool amx_tiles) {
     const Var &out = dims.hidden, &s = dims.seq, &b = dims.batch;
     Linear l;
     l.input = in;
@@ -112,7 +126,35 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
     l.precision = precision;
     l.product = Func{name + "_product"};
     Expr result;  // out − bias
-    if (precision == Precision::fp32) {
+    if (amx_tiles) {
+        if (precision == Precision::fp32 || layout != WeightLayout::grouped || panel != kAmxTileColumns)
+            _halide_user_error << name << ": AMX tiles take bf16 or int8 weights grouped in panels of "
+                               << kAmxTileColumns << " outputs\n";
+        const bool int8_tiles = precision == Precision::int8;
+        const int group = int8_tiles ? 4 : 2, tile_features = amx_tile_features(precision);
+        Var lane{"lane"}, in_panel{"in_panel"};
+        l.amx_rows = Func{name + "_amx_rows"};
+        l.amx_rows(dims.hidden, s, b) = in(dims.hidden, last(s, tokens), b);
+        // Past the features: the input's (finite) values times the panels' zero weights.
+        l.k = RDom(0, (features + tile_features - 1) / tile_features * tile_features, name + "_k");
+        Expr k = l.k.x, x = l.amx_rows(k, s, b);
+        Expr w = grouped_at(weight, group, panel, group * lane + k % group, k / group, in_panel, features);
+        l.amx_tile = Func{name + "_amx_tile"};
+        if (int8_tiles) {
+            l.amx_tile(lane, in_panel, s, b) = 0;
+            l.amx_tile(lane, in_panel, s, b) += cast<int32_t>(x) * cast<int32_t>(w);  // u8 × i8: tdpbusd
+        } else {
+            l.amx_tile(lane, in_panel, s, b) = 0.0f;
+            l.amx_tile(lane, in_panel, s, b) += cast<float>(x) * cast<float>(w);  // bf16 pairs: tdpbf16ps
+        }
+        l.product(out, s, b) = l.amx_tile(out % kAmxTileColumns, out / kAmxTileColumns, s, b);
+        if (int8_tiles) {
+            const QuantizedRows &r = int8.rows;
+            Expr row = last(s, tokens), o = last_likely(out, features);
+            result = r.step(row, b) * int8.weight.scale(o) *
+                     cast<float>(l.product(out, s, b) - r.zero(row, b) * int8.weight.sum(o));
+        }
+    } else if (precision == Precision::fp32) {
         l.product(out, s, b) = 0.0f;
         define_weight_transposed(l.weight_transposed, weight, layout, features, panel);
         l.k = RDom(0, features, name + "_k");
@@ -310,7 +352,8 @@ WeightedSum weighted_sum(Func probs, Func v_heads, Expr head_dim, Expr s_q, Expr
 
 OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b_o, Func gamma, Func beta, Expr eps,
                                  Expr head_dim, Expr heads, Expr hidden, Expr tokens, WeightLayout layout,
-                                 Precision precision, WeightScales w_o_scales, Int8Sum int8_sum, int panel) {
+                                 Precision precision, WeightScales w_o_scales, Int8Sum int8_sum, int panel,
+                                 bool amx_tiles) {
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     OutputLayerNorm n;
     n.context_heads = ctx_heads;
@@ -338,12 +381,12 @@ OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b
         if (precision == Precision::bf16) {
             n.context_rounded(feature, s, b) = cast(BFloat(16), context);
             n.rounded = linear("projection", n.context_rounded, w_o, no_bias, hidden, tokens, Func(), layout, precision,
-                               Int8Operands(), Float(32), panel);
+                               Int8Operands(), Float(32), panel, amx_tiles);
         } else {
             n.context_rounded(feature, s, b) = context;
             n.context_quantized = quantized_to_u8("context_quantized", n.context_rounded, hidden);
             n.rounded = linear("projection", n.context_quantized.values, w_o, no_bias, hidden, tokens, Func(), layout,
-                               precision, {n.context_quantized, w_o_scales, int8_sum}, Float(32), panel);
+                               precision, {n.context_quantized, w_o_scales, int8_sum}, Float(32), panel, amx_tiles);
         }
         n.weight_transposed = n.rounded.weight_transposed;
         n.projection = n.rounded.out;
@@ -633,7 +676,7 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     // rounded once as they are computed (the same rounding), half the bytes to write and read.
     const Type qkv_type = !in.output_probs && in.core_precision == Precision::bf16 ? BFloat(16) : Float(32);
     l.q = linear("q", x, in.w_q, in.b_q, in.hidden, q_rows, Func(), in.weight_layout, in.precision, q_int8, qkv_type,
-                 in.weight_panel);
+                 in.weight_panel, in.amx_tiles);
     Func kv_rows{"kv_rows"};  // the flash core reads K and V up to the chunk holding each batch's last real key
     if (!in.output_probs && !packed) {
         l.key_end = last_real_key(in.key_padding_mask, in.s_k);
@@ -642,10 +685,10 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     }
     if (in.precision == Precision::int8) kv_int8.weight = scales_of(1);
     l.k = linear("k", kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8,
-                 qkv_type, in.weight_panel);
+                 qkv_type, in.weight_panel, in.amx_tiles);
     if (in.precision == Precision::int8) kv_int8.weight = scales_of(2);
     l.v = linear("v", kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8,
-                 qkv_type, in.weight_panel);
+                 qkv_type, in.weight_panel, in.amx_tiles);
     l.q_heads = split_heads("q_heads", l.q.out, head_dim);
     l.k_heads = split_heads("k_heads", l.k.out, head_dim);
     l.v_heads = split_heads("v_heads", l.v.out, head_dim);
@@ -683,7 +726,7 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     l.output = output_layernorm(ctx, in.x, in.w_o, in.b_o, in.gamma, in.beta, in.eps, head_dim, in.heads, in.hidden,
                                 q_rows, in.weight_layout, in.precision,
                                 in.precision == Precision::int8 ? scales_of(3) : WeightScales(), in.int8_sum,
-                                in.weight_panel);
+                                in.weight_panel, in.amx_tiles);
     return l;
 }
 

@@ -131,6 +131,13 @@ struct Linear {
     Halide::RDom k;        // fp32: (k); bf16: (pair, in_pair), the feature 2·in_pair + pair; int8: (quad, in_quad),
                            // or in pairs (pair_in_quad, in_quad)
     Halide::RDom row;      // the rows computed, when only some are; else undefined
+    // AMX tiles (amx_tiles: bf16 and int8 on a target with AMX): the product is
+    // amx_tile(out % 16, out / 16, seq, batch), one 16 × 16 tile of outputs a panel of 16 by 16
+    // rows, summed over k (its features padded to a tile's, zero weights past them) from
+    // amx_rows, the rows of `input` copied (their reads clamped, as a tile's 16 rows run past
+    // the last), each tile's operands as Halide's AMX lowering (ExtractTileOperations)
+    // matches them: rows of the activations and rows of the grouped weight (panel_at).
+    Halide::Func amx_rows, amx_tile;
 };
 // int8 only: the rows' quantization and the weight's scales.
 struct Int8Operands {
@@ -141,7 +148,17 @@ struct Int8Operands {
 Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Halide::Func bias, Halide::Expr features,
               Halide::Expr tokens, Halide::Func rows = Halide::Func(), WeightLayout layout = WeightLayout::linear,
               Precision precision = Precision::fp32, const Int8Operands &int8 = Int8Operands(),
-              Halide::Type out_type = Halide::Float(32), int panel = 0);  // panel: WeightLayout::panels, ::grouped
+              Halide::Type out_type = Halide::Float(32), int panel = 0,  // panel: WeightLayout::panels, ::grouped
+              bool amx_tiles = false);
+
+// The outputs of an AMX tile (16 f32 or i32 columns), and the input features one tile product
+// sums (16 rows of 4 bytes: 32 bf16 pairs, 64 int8 quads).
+constexpr int kAmxTileColumns = 16;
+inline int amx_tile_features(Precision precision) { return precision == Precision::int8 ? 64 : 32; }
+// The rows a panel of a grouped weight (WeightLayout::grouped) holds: its input features'
+// groups, rounded up to an AMX tile's 16 rows (zeros past the features), so that every panel
+// holds whole tiles (the runtime's ReducedWeights lays them out so).
+Halide::Expr grouped_rows(Halide::Expr features, int group);
 
 // in rounded to bf16 (to nearest even), as the bf16 GEMMs take their activations:
 // (feature, seq, batch) of a (feature, seq, batch) Func of `features` features; past them,
@@ -248,7 +265,7 @@ OutputLayerNorm output_layernorm(Halide::Func ctx_heads, Halide::Func residual, 
                                  Halide::Expr heads, Halide::Expr hidden, Halide::Expr tokens,
                                  WeightLayout layout = WeightLayout::linear, Precision precision = Precision::fp32,
                                  WeightScales w_o_scales = WeightScales(), Int8Sum int8_sum = Int8Sum::quads,
-                                 int panel = 0);
+                                 int panel = 0, bool amx_tiles = false);
 
 // The block sizes of the flash core (generator parameters query_block, key_block and
 // key_chunk). They belong to the algorithm: the online softmax folds in one key block at a
@@ -380,6 +397,7 @@ struct LayerInputs {
     Halide::Func weight_scales;
     Int8Sum int8_sum = Int8Sum::quads;  // int8: how the products are summed (the target's instructions)
     Halide::Func key_padding_mask;  // (key, batch)
+    bool amx_tiles = false;             // bf16, int8: the four projections in AMX tiles (Linear::amx_tile)
     Halide::Func bias;              // (key, query, head, batch)
     Halide::Expr bias_keys;         // the bias's extent along keys, S_k or more (flash_attention)
     Halide::Expr causal, heads, eps, hidden, s_q, s_k;

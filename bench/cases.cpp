@@ -322,11 +322,13 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
             // Packed (the peers run the padded batch), and each variant's dense B=1 calls, one
             // sequence at a time: per_sequence_<variant>.
             for (const VariantInfo *v : timed) {
+                if (!v->provides(kLayerFunction)) continue;  // (an ISA built for reduced precisions only)
                 add(kLayerFunction, v->name, lp, [v, &lp] { return function_case("attention_layer_packed", *v, lp); });
                 add(kLayerFunction, "per_sequence_" + v->name, lp, [v, &lp] { return per_sequence_layer(*v, lp); });
             }
         } else {
             for (const VariantInfo *v : timed) {
+                if (!v->provides(kLayerFunction)) continue;
                 add(kLayerFunction, v->name, lp, [v, &lp] { return function_case(kLayerFunction, *v, lp); });
             }
         }
@@ -348,6 +350,7 @@ std::vector<Case> all_cases(const std::vector<VariantInfo> &variant_list) {
             const std::string &name = stage.name;
             if (!short_context && !timed_at_every_length(name)) continue;
             for (const VariantInfo *v : timed) {
+                if (!v->provides(name)) continue;
                 add(name, v->name, lp, [name, v, &lp] { return function_case(name, *v, lp); });
             }
             for (const auto &[function, precision] : stage.reduced) {

@@ -89,6 +89,7 @@ public:
         in.weight_panel = weight_panel();
         if (weight_scales) in.weight_scales = *weight_scales;
         if (precision == Precision::int8) in.int8_sum = int8_sum();
+        in.amx_tiles = precision != Precision::fp32 && attn_sched::amx_tiles(get_target());
         in.bias = bias;
         in.bias_keys = bias.dim(0).extent();
         in.causal = causal, in.heads = heads, in.eps = eps;
@@ -118,10 +119,13 @@ public:
             {0, kEstimateHidden}, {0, kEstimateSeq * (packed ? batch : 1)}, {0, packed ? 1 : batch}};
         const Region score{{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, batch}};
         x.set_estimates(activation);
-        // (group·panel·in_group elements a panel: panel·H, whatever the group)
+        // (fp32: (panel·H, H/panel); grouped: rows of group·panel elements, H/group rows a panel)
         const int panel = std::max(1, weight_panel());
+        const int group = precision == Precision::int8 ? 4 : precision == Precision::bf16 ? 2 : 1;
         for (auto *w : {&w_q, &w_k, &w_v, &w_o})
-            w->set_estimates({{0, kEstimateHidden * panel}, {0, kEstimateHidden / panel}});
+            w->set_estimates(
+                group == 1 ? Region{{0, kEstimateHidden * panel}, {0, kEstimateHidden / panel}}
+                           : Region{{0, group * panel}, {0, kEstimateHidden / group * (kEstimateHidden / panel)}});
         if (weight_scales) weight_scales->set_estimates({{0, kEstimateHidden}, {0, 2}, {0, 4}});
         for (auto *p : {&b_q, &b_k, &b_v, &b_o, &gamma, &beta}) p->set_estimates({{0, kEstimateHidden}});
         bias.set_estimates(score);

@@ -52,6 +52,10 @@ bool native_bf16(const Target &target) {
 // attn_gen::Int8Sum::pairs_in_i16), as exact.
 bool native_int8(const Target &target) { return target.has_feature(Target::AVXVNNI) || native_bf16(target); }
 
+// Whether the target has AMX's tile instructions (Halide's avx512_sapphirerapids: tdpbf16ps,
+// tdpbusd), which the bf16 and int8 layers' projections then use (attn_gen::Linear::amx_tile).
+bool amx_tiles(const Target &target) { return target.has_feature(Target::AVX512_SapphireRapids); }
+
 namespace {
 
 // Computes the reduction `tile` (a pure init and one update over `reduction`) as a
@@ -242,8 +246,57 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
     register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
 }
 
+// A projection in AMX tiles (attn_gen::Linear::amx_tile): a task is a panel of 16 outputs,
+// which serves every row, a 16 × 16 tile of outputs at a time (16 rows: the most a tile
+// holds), each stored (amx_tile.in(), rows 32 floats apart: a whole-tile store, which Halide's
+// AMX lowering matches as a 2-D one) and read by the epilogue. Its rows are copied once,
+// a task per 16 of them, vectorized across the row.
+// `out` is what is computed: the projection's out, or a Func it is inlined into (the dense
+// output projection's, with its residual).
+void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const Target &target) {
+    const int columns = attn_gen::kAmxTileColumns, rows_a_tile = 16;
+    const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
+    const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
+    Var oo{"oo"}, oi{"oi"};
+    VarOrRVar so("so", rows.is_rvar), si("si", rows.is_rvar);
+    out.compute_at(at).align_bounds(o, columns);
+    Stage stage = out.has_update_definition() ? Stage(out.update()) : Stage(out);
+    stage.split(o, oo, oi, columns, kGuard)
+        .split(rows, so, si, rows_a_tile, kGuard)
+        .reorder(oi, si, so, b, oo)
+        .vectorize(oi)
+        .parallel(oo);
+    std::vector<Var> t = l.amx_tile.args();  // (lane, in_panel, seq, batch)
+    Func stored = l.amx_tile.in();
+    stored.compute_at(LoopLevel(out, so))
+        .bound_extent(t[0], columns)
+        .bound_extent(t[2], rows_a_tile)  // whole tiles at the last rows too (amx_rows clamps them)
+        .align_storage(t[0], 2 * columns)
+        .reorder(t[0], t[2], t[1], t[3])
+        .vectorize(t[0])
+        .vectorize(t[2]);
+    const int features = attn_gen::amx_tile_features(l.precision);
+    RVar ko{"ko"}, ki{"ki"};
+    l.amx_tile.compute_at(stored, t[1]).store_in(MemoryType::AMXTile).vectorize(t[0]).vectorize(t[2]);
+    l.amx_tile.update()
+        .split(l.k.x, ko, ki, features)
+        .reorder(ki, t[0], t[2], ko, t[1], t[3])
+        .atomic()
+        .vectorize(ki)
+        .vectorize(t[0])
+        .vectorize(t[2]);
+    const int vw = vector_width(target);
+    Var ko_rows{"ko_rows"}, ki_rows{"ki_rows"};
+    l.amx_rows.compute_root()
+        .split(s, ko_rows, ki_rows, rows_a_tile, kGuard)
+        .reorder(dims.hidden, ki_rows, ko_rows, b)
+        .parallel(ko_rows)
+        .vectorize(dims.hidden, vw, kGuard);
+}
+
 void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, const Target &target,
                          Expr reads = Expr()) {
+    if (l.amx_tile.defined()) return schedule_amx_projection(l.out, l, at, target);
     const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
     schedule_panel_gemm(l.out, l.weight_transposed, l.product, rvars(l.k), rows, at, t, target, l.precision,
                         l.weight_layout, reads, l.weight_widened, l.input_widened, l.pair_sums);
@@ -389,9 +442,13 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
     if (n.context_rounded.defined()) {
         schedule_rows(n.context_rounded, target);
         if (n.context_quantized.values.defined()) schedule_quantized(n.context_quantized, target);
-        schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, rvars(n.rounded.k), s, LoopLevel::root(),
-                            t, target, n.rounded.precision, n.weight_layout, Expr(), n.rounded.weight_widened,
-                            n.rounded.input_widened, n.rounded.pair_sums);
+        if (n.rounded.amx_tile.defined()) {
+            schedule_amx_projection(n.dense, n.rounded, LoopLevel::root(), target);
+        } else {
+            schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, rvars(n.rounded.k), s,
+                                LoopLevel::root(), t, target, n.rounded.precision, n.weight_layout, Expr(),
+                                n.rounded.weight_widened, n.rounded.input_widened, n.rounded.pair_sums);
+        }
     } else {
         schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, rvars(n.in_feature), s, LoopLevel::root(), t,
                             target, attn_gen::Precision::fp32, n.weight_layout);

@@ -39,6 +39,8 @@ struct CpuTiling {
 // the flash core holds its bf16 operands as f32 values (attn_gen::flash_attention's bf16_widened).
 bool native_int8(const Halide::Target &target);
 bool native_bf16(const Halide::Target &target);
+// Whether the bf16 and int8 projections run in AMX tiles (attn_gen::LayerInputs::amx_tiles).
+bool amx_tiles(const Halide::Target &target);
 
 void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const CpuTiling &tiling,
                                  const Halide::Target &target);

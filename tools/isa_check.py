@@ -4,7 +4,9 @@ Halide's own simd_op_check does: every bf16 function (manifest.json: precision) 
 ISA with avx512bf16 must use vdpbf16ps, and every int8 one built for an ISA with avx512vnni
 vpdpbusd, in each of its register tiles (manifest.json: register_tiles); one built for an ISA without the feature (the
 fallback) must use none, and no AVX-512 register either, so that it runs where AVX-512 does not; an int8 fallback
-must use vpmaddubsw in each of its register tiles instead (its pairs summed in 16 bits, attn_gen::Int8Sum).
+must use vpmaddubsw in each of its register tiles instead (its pairs summed in 16 bits, attn_gen::Int8Sum). On an
+ISA with AMX (avx512_sapphirerapids), a layer's four projections are AMX tile products instead (tdpbf16ps, tdpbusd:
+at least one each), and its other register tiles the vector instruction; elsewhere no tile instruction.
 
     python3 tools/isa_check.py --build build/release          # every bf16 and int8 object this build made
     python3 tools/isa_check.py --build build/release --show   # and the counts per object
@@ -24,6 +26,11 @@ import manifest  # noqa: E402
 # Per reduced precision: the instruction of its products, the CPU feature it needs
 # (manifest.json's cpu_features name), and the fallback's instruction (None: plain f32 arithmetic).
 INSTRUCTIONS = {"bf16": ("vdpbf16ps", "avx512bf16", None), "int8": ("vpdpbusd", "avx512vnni", "vpmaddubsw")}
+# On an ISA with AMX (its feature per precision), a layer's four projections are AMX tile
+# products (attn_gen::Linear::amx_tile) instead of register tiles: at least one tile instruction
+# each, and the layer's other register tiles (its core's) still the vector instruction.
+AMX = {"bf16": ("tdpbf16ps", "amx-bf16"), "int8": ("tdpbusd", "amx-int8")}
+AMX_PROJECTIONS = 4
 
 
 def count(disassembly, pattern):
@@ -48,12 +55,23 @@ def check(m, build, arch, show):
         # Each register tile is at least the hand-written schedule's rows × its vectors (the
         # manual parameters' defaults) products: fewer, and some tile lost the instruction.
         defaults = {p["name"]: p["default"] for p in m.data["manual_parameters"]}
-        tiles = m.functions[lib["function"]]["register_tiles"]
+        tiles = list(m.functions[lib["function"]]["register_tiles"])
+        tile_instruction, amx_feature = AMX[precision]
+        amx = amx_feature in m.isas[lib["isa"]]["cpu_features"] and lib["generator"] == "attention_layer"
+        tile_dot = count(text, rf"\b{tile_instruction}\b")
+        if amx:
+            for _ in range(AMX_PROJECTIONS):
+                tiles.remove("tile_vectors")  # (the projections' tiles: tile_vectors each)
         needed = sum(defaults["tile_rows"] * defaults[t] for t in tiles)
         checked += 1
         if show:
-            print(f"{lib['name']}: {dot} {instruction}, {fallback_dot} {fallback or '-'}, {zmm} zmm operands "
-                  f"({'native' if native else 'fallback'})")
+            print(f"{lib['name']}: {dot} {instruction}, {fallback_dot} {fallback or '-'}, {tile_dot} {tile_instruction}, "
+                  f"{zmm} zmm operands ({'native' if native else 'fallback'}{', AMX' if amx else ''})")
+        if amx and tile_dot < AMX_PROJECTIONS:
+            failures.append(f"{path.name}: {tile_dot} {tile_instruction}, expected at least {AMX_PROJECTIONS} (its "
+                            f"projections' tiles) on {lib['isa']}, which has {amx_feature}")
+        if not amx and tile_dot:
+            failures.append(f"{path.name}: {tile_dot} {tile_instruction} on {lib['isa']}, which lacks {amx_feature}")
         if native and dot < needed:
             failures.append(f"{path.name}: {dot} {instruction}, expected at least {needed} (its {len(tiles)} register "
                             f"tiles) on {lib['isa']}, which has {feature}")

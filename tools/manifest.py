@@ -113,6 +113,8 @@ class Manifest:
                 if p not in self.manual_parameters:
                     raise ValueError(f"manifest.json: {f['name']}: unknown manual parameter {p!r}")
         for name, isa in self.isas.items():
+            if any(p not in PRECISIONS for p in isa.get("precisions", [])):
+                error(f"ISA {name}: precisions must be of {', '.join(PRECISIONS)}")
             if isa["device"] == "cpu" and not isinstance(isa.get("vector_registers"), int):
                 raise ValueError(f"manifest.json: CPU ISA {name} needs vector_registers (the register tiles' bound)")
         for name, p in self.manual_parameters.items():
@@ -195,6 +197,8 @@ class Manifest:
         not_provided = self.sources[source].get("not_provided", {})
         if function in not_provided.get("all", []) + not_provided.get(isa, []):
             return False
+        if self.precision(function) not in self.isas.get(isa, {}).get("precisions", PRECISIONS):
+            return False
         built_for = self.functions[function].get("built_for")
         if built_for is None:
             return True
@@ -206,6 +210,8 @@ class Manifest:
         rows = [(n, where, f) for n, s in self.sources.items()
                 for where, functions in s.get("not_provided", {}).items() for f in functions]
         for function in self.functions:
+            rows += [(source, name, function) for name, isa in self.isas.items()
+                     if self.precision(function) not in isa.get("precisions", PRECISIONS) for source in isa["variants"]]
             if "built_for" not in self.functions[function]:
                 continue
             for source in self.sources:

@@ -7,7 +7,10 @@
 #include <fstream>
 #include <string>
 
-#if defined(__aarch64__)
+#if defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#elif defined(__aarch64__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
 #endif
@@ -17,9 +20,20 @@ namespace attn::detail {
 namespace {
 
 #if defined(__x86_64__)
+// AMX's tile data is an XSAVE state Linux (5.16 and later) gives a process only on request:
+// without it the first tile instruction faults. Halide 21's runtime does not ask (Halide's
+// pull request 9199 does, after 21), so the runtime asks, once, when it checks an ISA whose
+// features include AMX's; the grant holds for every thread of the process.
+bool amx_granted() {
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    static const bool granted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+    return granted;
+}
+
 bool has(const std::string &feature) {
     __builtin_cpu_init();
-    // __builtin_cpu_supports needs a literal: one test per feature of the manifest.
+    if (feature.rfind("amx-", 0) == 0 && !amx_granted()) return false;
+        // __builtin_cpu_supports needs a literal: one test per feature of the manifest.
 #define ATTN_FEATURE(name) \
     if (feature == name) return __builtin_cpu_supports(name);
     ATTN_FOR_EACH_CPU_FEATURE(ATTN_FEATURE)

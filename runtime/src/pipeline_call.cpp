@@ -334,9 +334,12 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
         const int64_t out = t.shape[0], in = t.shape[1];
         hidden = out;
         // In the groups of input features the products read, in fp32's panels of V outputs, V
-        // the variant's floats a vector (attn_gen::WeightLayout::grouped, panel_offset):
-        // element (group·(o % V) + lane + group·V·i_group, o / V) = W[o, group·i_group + lane].
-        const int64_t group = int8 ? 4 : 2, in_groups = (in + group - 1) / group, lanes = f32_lanes(variant);
+        // the variant's floats a vector (attn_gen::WeightLayout::grouped, panel_offset), as
+        // rows of group·V elements, a panel's groups rounded up to 16 rows (an AMX tile's; zeros
+        // past the features): element (group·(o % V) + lane, i_group + rows·(o / V)) =
+        // W[o, group·i_group + lane] (attn_gen::grouped_rows).
+        const int64_t group = int8 ? 4 : 2, lanes = f32_lanes(variant);
+        const int64_t in_groups = (in + 16 * group - 1) / (16 * group) * 16;                  // a panel's rows
         const int64_t panels = (out + lanes - 1) / lanes, panel = group * lanes * in_groups;  // a panel's elements
         const std::size_t size = int8 ? 1 : 2;
         m.bytes.assign(std::size_t(panel * panels) * size, 0);
@@ -355,7 +358,8 @@ ReducedWeights::ReducedWeights(const LayerWeights &w, const VariantInfo &variant
             for (int64_t o = 0; o < out; ++o)
                 for (int64_t i = 0; i < in; ++i) bits[at(o, i)] = bf16_bits(t.data[o * in + i]);
         }
-        halide_dimension_t dims[2] = {{0, int32_t(panel), 1}, {0, int32_t(panels), int32_t(panel)}};
+        const int32_t row = int32_t(group * lanes);
+        halide_dimension_t dims[2] = {{0, row, 1}, {0, int32_t(in_groups * panels), row}};
         const halide_type_t type = int8 ? halide_type_t(halide_type_int, 8) : halide_type_t(halide_type_bfloat, 16);
         m.buffer = Halide::Runtime::Buffer<void>(type, m.bytes.data(), 2, dims);
     }

@@ -292,8 +292,8 @@ bool computes_natively(const VariantInfo &variant, Precision precision) {
 std::vector<const VariantInfo *> precision_variants(Precision precision) {
     std::vector<const VariantInfo *> out;
     for (const VariantInfo &v : variants()) {
-        if (precision == Precision::fp32 ||
-            v.provides(reduced_precision(precision).layer))
+        // (fp32's: every variant but those of an ISA built for reduced precisions only)
+        if (v.provides(precision == Precision::fp32 ? "attention_layer" : reduced_precision(precision).layer))
             out.push_back(&v);
     }
     return out;
