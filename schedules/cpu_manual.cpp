@@ -37,18 +37,25 @@ std::vector<RVar> rvars(const RDom &r) {
 }  // namespace
 
 // Whether the target multiplies bf16 pairs natively (AVX512_BF16's vdpbf16ps; Halide's
-// avx512_zen4, avx512_zen5, avx512_sapphirerapids and avx10_1 targets have it: Halide 21's
+// avx512_zen4, avx512_zen5 and avx10_1 targets have it: Halide 21's
 // has_feature adds no implied feature, so each is named). Elsewhere a bf16 GEMM multiplies
 // operands widened to f32 once, before its tiles (attn_gen::Linear::weight_widened,
 // input_widened): bf16 storage, f32 arithmetic; the flash core holds its rounded operands as
 // f32 values (attn_gen::flash_attention's bf16_widened).
+//
+// Not on the AMX ISA (avx512_sapphirerapids), whose projections are AMX tiles: on an Intel
+// Xeon with AMX, avx512_zen4's vdpbf16ps layer took 1.33x the fp32 layer's time at B=1 S=384,
+// and the AMX layer with its flash core widened took 0.90 of its time with vdpbf16ps (0.99 ≈ at
+// S=128; docs/measurements.md, "AMX tiles"). avx512_zen4 keeps it (measured faster on Zen 4).
 bool native_bf16(const Target &target) {
+    if (target.has_feature(Target::AVX512_SapphireRapids)) return false;
     return target.has_feature(Target::AVX512_Zen4) || target.has_feature(Target::AVX512_Zen5) ||
-           target.has_feature(Target::AVX512_SapphireRapids) || target.has_feature(Target::AVX10_1);
+           target.has_feature(Target::AVX10_1);
 }
 
 // Whether the target sums u8·i8 quads natively (VNNI's vpdpbusd: avxvnni, and the targets
-// above). Elsewhere an int8 GEMM sums each pair of products in i16 first (vpmaddubsw:
+// above; the AMX ISA's int8 products are tiles, attn_gen::Linear::amx_tile). Elsewhere an
+// int8 GEMM sums each pair of products in i16 first (vpmaddubsw:
 // attn_gen::Int8Sum::pairs_in_i16), as exact.
 bool native_int8(const Target &target) { return target.has_feature(Target::AVXVNNI) || native_bf16(target); }
 

@@ -6,7 +6,7 @@ vpdpbusd, in each of its register tiles (manifest.json: register_tiles); one bui
 fallback) must use none, and no AVX-512 register either, so that it runs where AVX-512 does not; an int8 fallback
 must use vpmaddubsw in each of its register tiles instead (its pairs summed in 16 bits, attn_gen::Int8Sum). On an
 ISA with AMX (avx512_sapphirerapids), a layer's four projections are AMX tile products instead (tdpbf16ps, tdpbusd:
-at least one each), and its other register tiles the vector instruction; elsewhere no tile instruction.
+at least one each), and its core's register tiles widen bf16 to f32; elsewhere no tile instruction.
 
     python3 tools/isa_check.py --build build/release          # every bf16 and int8 object this build made
     python3 tools/isa_check.py --build build/release --show   # and the counts per object
@@ -28,7 +28,7 @@ import manifest  # noqa: E402
 INSTRUCTIONS = {"bf16": ("vdpbf16ps", "avx512bf16", None), "int8": ("vpdpbusd", "avx512vnni", "vpmaddubsw")}
 # On an ISA with AMX (its feature per precision), a layer's four projections are AMX tile
 # products (attn_gen::Linear::amx_tile) instead of register tiles: at least one tile instruction
-# each, and the layer's other register tiles (its core's) still the vector instruction.
+# each (its core's register tiles widen bf16 to f32 there, as a fallback's do).
 AMX = {"bf16": ("tdpbf16ps", "amx-bf16"), "int8": ("tdpbusd", "amx-int8")}
 AMX_PROJECTIONS = 4
 
@@ -60,13 +60,14 @@ def check(m, build, arch, show):
         amx = amx_feature in m.isas[lib["isa"]]["cpu_features"] and lib["generator"] == "attention_layer"
         tile_dot = count(text, rf"\b{tile_instruction}\b")
         if amx:
-            for _ in range(AMX_PROJECTIONS):
-                tiles.remove("tile_vectors")  # (the projections' tiles: tile_vectors each)
+            # (the projections' tiles are AMX's; the core's widen bf16 to f32 there: FMA, not
+            # vdpbf16ps, schedules/cpu_manual.cpp's native_bf16)
+            tiles, native = [], False
         needed = sum(defaults["tile_rows"] * defaults[t] for t in tiles)
         checked += 1
         if show:
             print(f"{lib['name']}: {dot} {instruction}, {fallback_dot} {fallback or '-'}, {tile_dot} {tile_instruction}, "
-                  f"{zmm} zmm operands ({'native' if native else 'fallback'}{', AMX' if amx else ''})")
+                  f"{zmm} zmm operands ({'AMX' if amx else 'native' if native else 'fallback'})")
         if amx and tile_dot < AMX_PROJECTIONS:
             failures.append(f"{path.name}: {tile_dot} {tile_instruction}, expected at least {AMX_PROJECTIONS} (its "
                             f"projections' tiles) on {lib['isa']}, which has {amx_feature}")

@@ -317,7 +317,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False, scale
     precision="bf16" computes QKᵀ and P·V in bf16 (attention_core_bf16: q, k, v and the softmax's
     exponentials rounded to bf16, f32 sums, vdpbf16ps where the CPU has avx512bf16; without it,
     refused unless allow_storage_only, which widens them to f32); the inputs and the output stay
-    float32. With no variant named, the variant is the bf16 layer's (attn::select_variant).
+    float32. With no variant named, the widest that has the bf16 core (attn::select_variant).
     torch.bfloat16 q, k and v (a model in bf16) are taken too, in either precision: widened to
     float32 (exact), and the output rounded back to bfloat16.
     """

@@ -237,9 +237,9 @@ NB_MODULE(_attn, m) {
             attn::Config config{hidden_size, num_heads, 1e-12f, causal};
             config.precision = attn::precision_from_name(precision, "precision");
             config.allow_storage_only = allow_storage_only;
-            // Named: that one (the stage says what it lacks); else the layer's pick in this precision.
+            // Named: that one (the stage says what it lacks); else the core's pick in this precision.
             const attn::VariantInfo &info =
-                variant.empty() ? attn::select_variant(config) : attn::select_variant(variant);
+                variant.empty() ? attn::select_variant(config, "", "attention_core") : attn::select_variant(variant);
             attn::ConstTensor tq = floats("q", q), tk = floats("k", k), tv = floats("v", v), tb = floats("bias", bias);
             attn::MaskTensor mk = mask("key_padding_mask", key_padding_mask);
             attn::MutableTensor out = out_floats("out", ctx);

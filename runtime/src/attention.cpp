@@ -29,7 +29,7 @@ void synchronize(const VariantInfo &variant) {
 namespace {
 
 // The variant of a bf16 or int8 layer (attn::Attention's constructor says which).
-const VariantInfo &reduced_variant(const Config &config, const std::string &name) {
+const VariantInfo &reduced_variant(const Config &config, const std::string &name, const std::string &stage) {
     const ReducedPrecision &p = reduced_precision(config.precision);
     const std::string precision = p.name;
     const std::string allow = "set config.allow_storage_only to " + std::string(p.without_feature);
@@ -44,7 +44,9 @@ const VariantInfo &reduced_variant(const Config &config, const std::string &name
     }
     const VariantInfo *native = nullptr, *without = nullptr;
     std::string missing;
+    const std::string function = stage.empty() ? p.layer : stage + "_" + p.name;
     for (const VariantInfo *v : precision_variants(p.precision)) {
+        if (!v->provides(function)) continue;
         if (v->runnable) {
             (computes_natively(*v, p.precision) ? native : without) = v;  // the last: of the widest ISA
         } else if (computes_natively(*v, p.precision)) {
@@ -61,9 +63,9 @@ const VariantInfo &reduced_variant(const Config &config, const std::string &name
 
 }  // namespace
 
-const VariantInfo &select_variant(const Config &config, const std::string &name) {
+const VariantInfo &select_variant(const Config &config, const std::string &name, const std::string &stage) {
     check_config(config, true);
-    return config.precision == Precision::fp32 ? select_variant(name) : reduced_variant(config, name);
+    return config.precision == Precision::fp32 ? select_variant(name) : reduced_variant(config, name, stage);
 }
 
 Attention::Attention(Config config, LayerWeights weights, const std::string &variant)

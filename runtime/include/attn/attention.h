@@ -296,8 +296,10 @@ const VariantInfo &default_variant_for(int64_t seq);
 // The variant an Attention of `config` runs (its constructor says how): select_variant(name)
 // in fp32; in bf16 or int8 the named one, which must have the precision (and its
 // instructions, unless config.allow_storage_only), or with no name the widest that computes
-// natively. The bf16 stages have the bf16 layer's variants, so it serves them too.
-const VariantInfo &select_variant(const Config &config, const std::string &name = "");
+// natively and has the layer in that precision or, given `stage` (a stage's fp32 function:
+// "attention_core"), that stage's twin (an ISA built for the layers alone has no stages:
+// manifest.json's avx512_sapphirerapids).
+const VariantInfo &select_variant(const Config &config, const std::string &name = "", const std::string &stage = "");
 
 // Host memory: Halide's large intermediates (1 MiB and more) are kept after a call for
 // the next, up to 1 GiB, sparing the page faults of fresh memory on every call. Gives
