@@ -30,15 +30,24 @@ bool amx_granted() {
     return granted;
 }
 
+bool is_amx(const std::string &feature) { return feature.rfind("amx-", 0) == 0; }
+
 bool has(const std::string &feature) {
     __builtin_cpu_init();
-    if (feature.rfind("amx-", 0) == 0 && !amx_granted()) return false;
-        // __builtin_cpu_supports needs a literal: one test per feature of the manifest.
+    if (is_amx(feature) && !amx_granted()) return false;
+    // __builtin_cpu_supports needs a literal: one test per feature of the manifest.
 #define ATTN_FEATURE(name) \
     if (feature == name) return __builtin_cpu_supports(name);
     ATTN_FOR_EACH_CPU_FEATURE(ATTN_FEATURE)
 #undef ATTN_FEATURE
     return false;
+}
+
+// Why AMX is missing when the CPU has it: Linux refused the tile state ("" otherwise).
+std::string refused(const std::string &absent) {
+    __builtin_cpu_init();
+    if (absent.find("amx-") == std::string::npos || !__builtin_cpu_supports("amx-tile")) return "";
+    return " (the CPU has AMX, but Linux refused this process its tile state: arch_prctl(ARCH_REQ_XCOMP_PERM))";
 }
 #elif defined(__aarch64__)
 // Linux reports AArch64 features as HWCAP bits (GCC 12 has no __builtin_cpu_supports
@@ -56,6 +65,7 @@ bool has(const std::string &feature) {
     }
     return false;
 }
+std::string refused(const std::string &) { return ""; }
 #else
 #error "attn runs on x86-64 and AArch64"
 #endif
@@ -73,7 +83,7 @@ bool cpu_supports(const std::string &isa, std::string *missing) {
         for (const char *feature : i.cpu_features) {
             if (!has(feature)) absent += (absent.empty() ? "" : " ") + std::string(feature);
         }
-        if (missing) *missing = absent.empty() ? "" : "this CPU lacks " + absent;
+        if (missing) *missing = absent.empty() ? "" : "this CPU lacks " + absent + refused(absent);
         return absent.empty();
     }
     if (missing) *missing = "unknown ISA '" + isa + "'";
