@@ -81,8 +81,8 @@ variants='^(manual|autotuned)_avx2$|_avx512_|_cuda$'
 has_avx512() { grep -qw avx512f /proc/cpuinfo; }
 
 # The variants the profile step runs (with their bf16 and int8 layers), and where.
-profiled='^manual_(avx512_skylake|avx512_zen4)$'
-profile_filter='^attention_layer/manual_avx512_(skylake|zen4)(_bf16|_int8)?/b1_s128_h768_n12$'
+profiled='^manual_(avx512_skylake|avx512_zen4|avx512_sapphirerapids)$'
+profile_filter='^attention_layer/manual_avx512_(skylake|zen4|sapphirerapids)(_bf16|_int8)?/b1_s128_h768_n12$'
 
 # The campaign: the device calls, in order, each "minutes|step;step;...|what it gives". A
 # session is lent 15 minutes of device time, and each machine start costs one to two, so
