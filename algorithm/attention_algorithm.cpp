@@ -133,9 +133,10 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
         const bool int8_tiles = precision == Precision::int8;
         const int group = int8_tiles ? 4 : 2, tile_features = amx_tile_features(precision);
         Var lane{"lane"}, in_panel{"in_panel"};
+        // Zero past the features (times the panels' zero weights there: no Inf · 0).
         l.amx_rows = Func{name + "_amx_rows"};
-        l.amx_rows(dims.hidden, s, b) = in(dims.hidden, last(s, tokens), b);
-        // Past the features: the input's (finite) values times the panels' zero weights.
+        l.amx_rows(dims.hidden, s, b) =
+            select(dims.hidden < features, in(dims.hidden, last(s, tokens), b), cast(in.type(), 0));
         l.k = RDom(0, (features + tile_features - 1) / tile_features * tile_features, name + "_k");
         Expr k = l.k.x, x = l.amx_rows(k, s, b);
         Expr w = grouped_at(weight, group, panel, group * lane + k % group, k / group, in_panel, features);

@@ -46,9 +46,11 @@ struct Dims {
 // Zen 3 VM's GEMMs at 63-81 GFLOP/s of a core's 100; these panels 94-96: docs/measurements.md,
 // "The weights in panels"). Or, for a reduced precision's products (bf16 pairs, int8 quads of
 // input features), prepared once in those groups as the products read them, and in the same
-// panels: (group·(out % panel) + lane + group·panel·in_group, out / panel) = W[out,
+// panels, as rows of a panel's group·panel elements, grouped_rows(in, group) rows a panel:
+// (group·(out % panel) + lane, in_group + grouped_rows·(out / panel)) = W[out,
 // group·in_group + lane], zero past the input and output features (the runtime's Attention:
-// ReducedWeights), so that a call reads each panel's group as one load, in place.
+// ReducedWeights), so that a call reads each panel's group as one load, in place, and an AMX
+// tile's operand is 16 of those rows.
 enum class WeightLayout { linear, transposed, grouped, panels };
 
 // The operands of the projections' GEMMs (DESIGN.md, "Reduced precision"): fp32; or bf16,
@@ -136,7 +138,8 @@ struct Linear {
     // rows, summed over k (its features padded to a tile's, zero weights past them) from
     // amx_rows, the rows of `input` copied (their reads clamped, as a tile's 16 rows run past
     // the last), each tile's operands as Halide's AMX lowering (ExtractTileOperations)
-    // matches them: rows of the activations and rows of the grouped weight (panel_at).
+    // matches them: rows of the activations and rows of the grouped weight (grouped_at). k is
+    // then one dimension over the padded features, and weight_transposed is undefined.
     Halide::Func amx_rows, amx_tile;
 };
 // int8 only: the rows' quantization and the weight's scales.

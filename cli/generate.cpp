@@ -177,7 +177,7 @@ int generate_libraries(const GenerateOptions &options) {
         if (provided(g.source, isa, g.function)) {
             functions.push_back(&g);
         } else {
-            std::printf("leaving out %s: schedule %s cannot provide it on %s (manifest.json: not_provided, built_for)\n",
+            std::printf("leaving out %s: schedule %s cannot provide it on %s (manifest.json: not_provided, built_for, precisions)\n",
                         g.function, g.source, isa.c_str());
         }
     }

@@ -27,7 +27,8 @@ public:
     // Prepared once by the runtime (layer_weights below): in fp32 on a CPU in panels of a
     // vector of outputs, (out % panel + panel·in, out / panel), on a GPU nn.Linear's
     // transposed, (out, in) = [H_in, H_out]; in bf16 and int8 in pairs or quads of input
-    // features, in the same panels (attn_gen::WeightLayout::grouped). float, bfloat16 in
+    // features, in the same panels, as rows of a panel's groups (attn_gen::WeightLayout::grouped,
+    // grouped_rows rows a panel). float, bfloat16 in
     // bf16, int8 in int8, in [-63, 63]
     // (attn::kInt8WeightLimit: without VNNI the pairs' i16 sums would saturate beyond it)
     // (configure).
@@ -119,7 +120,7 @@ public:
             {0, kEstimateHidden}, {0, kEstimateSeq * (packed ? batch : 1)}, {0, packed ? 1 : batch}};
         const Region score{{0, kEstimateSeq}, {0, kEstimateSeq}, {0, kEstimateHeads}, {0, batch}};
         x.set_estimates(activation);
-        // (fp32: (panel·H, H/panel); grouped: rows of group·panel elements, H/group rows a panel)
+        // (fp32: (panel·H, H/panel); grouped: rows of group·panel elements, about H/group a panel)
         const int panel = std::max(1, weight_panel());
         const int group = precision == Precision::int8 ? 4 : precision == Precision::bf16 ? 2 : 1;
         for (auto *w : {&w_q, &w_k, &w_v, &w_o})

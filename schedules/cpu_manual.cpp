@@ -53,11 +53,14 @@ bool native_bf16(const Target &target) {
            target.has_feature(Target::AVX10_1);
 }
 
-// Whether the target sums u8·i8 quads natively (VNNI's vpdpbusd: avxvnni, and the targets
-// above; the AMX ISA's int8 products are tiles, attn_gen::Linear::amx_tile). Elsewhere an
-// int8 GEMM sums each pair of products in i16 first (vpmaddubsw:
+// Whether the target sums u8·i8 quads natively (VNNI's vpdpbusd: avxvnni, the targets above,
+// and the AMX ISA, whose projections' int8 products are tiles: attn_gen::Linear::amx_tile).
+// Elsewhere an int8 GEMM sums each pair of products in i16 first (vpmaddubsw:
 // attn_gen::Int8Sum::pairs_in_i16), as exact.
-bool native_int8(const Target &target) { return target.has_feature(Target::AVXVNNI) || native_bf16(target); }
+bool native_int8(const Target &target) {
+    return target.has_feature(Target::AVXVNNI) || target.has_feature(Target::AVX512_SapphireRapids) ||
+           native_bf16(target);
+}
 
 // Whether the target has AMX's tile instructions (Halide's avx512_sapphirerapids: tdpbf16ps,
 // tdpbusd), which the bf16 and int8 layers' projections then use (attn_gen::Linear::amx_tile).

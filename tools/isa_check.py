@@ -6,7 +6,8 @@ vpdpbusd, in each of its register tiles (manifest.json: register_tiles); one bui
 fallback) must use none, and no AVX-512 register either, so that it runs where AVX-512 does not; an int8 fallback
 must use vpmaddubsw in each of its register tiles instead (its pairs summed in 16 bits, attn_gen::Int8Sum). On an
 ISA with AMX (avx512_sapphirerapids), a layer's four projections are AMX tile products instead (tdpbf16ps, tdpbusd:
-at least one each), and its core's register tiles widen bf16 to f32; elsewhere no tile instruction.
+at least 4 in all, one a projection), and its core's register tiles widen bf16 to f32; elsewhere no tile
+instruction.
 
     python3 tools/isa_check.py --build build/release          # every bf16 and int8 object this build made
     python3 tools/isa_check.py --build build/release --show   # and the counts per object

@@ -3,6 +3,7 @@
 // call the fused layer. Packed batches: packed.cpp; the stages: stages.cpp.
 #include "attn/attention.h"
 #include "attn/function_calls.h"
+#include "attn/generated/manifest.h"
 #include "attn/internal.h"
 
 #include "pipeline_call.h"
@@ -45,6 +46,10 @@ const VariantInfo &reduced_variant(const Config &config, const std::string &name
     const VariantInfo *native = nullptr, *without = nullptr;
     std::string missing;
     const std::string function = stage.empty() ? p.layer : stage + "_" + p.name;
+    if (std::none_of(std::begin(manifest::kFunctions), std::end(manifest::kFunctions),
+                     [&](const manifest::Function &f) { return function == f.name; }))
+        throw Error("precision", stage + " has no " + precision + " twin (" + function + " is no function of "
+                                     "manifest.json): " + precision + " is a precision of the whole layer there");
     for (const VariantInfo *v : precision_variants(p.precision)) {
         if (!v->provides(function)) continue;
         if (v->runnable) {
@@ -58,7 +63,7 @@ const VariantInfo &reduced_variant(const Config &config, const std::string &name
     throw Error("precision", precision + " needs the CPU feature " + p.cpu_feature + " to compute in " + precision +
                                  ", and no " + precision + " variant that does can run here" + missing + "; " +
                                  (without ? allow + " (" + without->name + ")"
-                                          : "the variants with " + precision + ": " + variants_providing(p.layer, p)));
+                                          : "the variants with " + precision + ": " + variants_providing(function, p)));
 }
 
 }  // namespace

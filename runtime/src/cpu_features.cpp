@@ -23,10 +23,12 @@ namespace {
 // AMX's tile data is an XSAVE state Linux (5.16 and later) gives a process only on request:
 // without it the first tile instruction faults. Halide 21's runtime does not ask (Halide's
 // pull request 9199 does, after 21), so the runtime asks, once, when it checks an ISA whose
-// features include AMX's; the grant holds for every thread of the process.
+// features include AMX's on a CPU that has AMX; the grant holds for every thread of the
+// process (and from then on Linux wants alternate signal stacks large enough for the tiles).
 bool amx_granted() {
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    static const bool granted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+    static const bool granted = __builtin_cpu_supports("amx-tile") &&
+                                syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
     return granted;
 }
 

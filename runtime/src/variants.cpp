@@ -411,7 +411,8 @@ const CompiledFunction &function_for(const VariantInfo &variant, const std::stri
         const std::string why = variant.schedule == "candidate" && variant.name.rfind(prefix, 0) == 0
                                     ? " (its library " + variant.target + " has no attn_" + function + "_" +
                                           variant.name.substr(prefix.size()) + ")"
-                                    : " (its schedule source cannot; see not_provided in manifest.json)";
+                                    : " (its schedule source or ISA cannot; see not_provided, built_for and the ISA's "
+                                      "precisions in manifest.json)";
         throw Error("variant", "'" + variant.name + "' does not provide " + function + why);
     }
     if (!variant.runs_own_kernels(function, call))

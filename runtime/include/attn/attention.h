@@ -252,7 +252,8 @@ struct QuantizedRow {
 QuantizedRow quantize_row_u8(const float *x, int64_t size, uint8_t *values);
 
 // The variants with a layer in `precision` (manifest.json: attention_layer_bf16,
-// attention_layer_int8; every variant has fp32), and whether one computes in it natively
+// attention_layer_int8; in fp32 attention_layer, which an ISA built for reduced precisions
+// only lacks), and whether one computes in it natively
 // (its ISA has avx512bf16 for bf16, avx512vnni for int8) or only gives its results
 // without the instructions.
 std::vector<const VariantInfo *> precision_variants(Precision precision);
