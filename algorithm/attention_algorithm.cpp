@@ -125,23 +125,22 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
     l.weight_layout = layout;
     l.precision = precision;
     l.product = Func{name + "_product"};
-    Expr result;  // out − bias
     if (amx_tiles) {
         if (precision == Precision::fp32 || layout != WeightLayout::grouped || panel != kAmxTileColumns)
             _halide_user_error << name << ": AMX tiles take bf16 or int8 weights grouped in panels of "
                                << kAmxTileColumns << " outputs\n";
-        const bool int8_tiles = precision == Precision::int8;
-        const int group = int8_tiles ? 4 : 2, tile_features = amx_tile_features(precision);
+        const int group = features_a_group(precision);
         Var lane{"lane"}, in_panel{"in_panel"};
         // Zero past the features (times the panels' zero weights there: no Inf · 0).
         l.amx_rows = Func{name + "_amx_rows"};
         l.amx_rows(dims.hidden, s, b) =
             select(dims.hidden < features, in(dims.hidden, last(s, tokens), b), cast(in.type(), 0));
-        l.k = RDom(0, (features + tile_features - 1) / tile_features * tile_features, name + "_k");
+        // Over a panel's rows (grouped_rows: whole tiles' features).
+        l.k = RDom(0, grouped_rows(features, group) * group, name + "_k");
         Expr k = l.k.x, x = l.amx_rows(k, s, b);
         Expr w = grouped_at(weight, group, panel, group * lane + k % group, k / group, in_panel, features);
         l.amx_tile = Func{name + "_amx_tile"};
-        if (int8_tiles) {
+        if (precision == Precision::int8) {
             l.amx_tile(lane, in_panel, s, b) = 0;
             l.amx_tile(lane, in_panel, s, b) += cast<int32_t>(x) * cast<int32_t>(w);  // u8 × i8: tdpbusd
         } else {
@@ -149,12 +148,6 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
             l.amx_tile(lane, in_panel, s, b) += cast<float>(x) * cast<float>(w);  // bf16 pairs: tdpbf16ps
         }
         l.product(out, s, b) = l.amx_tile(out % kAmxTileColumns, out / kAmxTileColumns, s, b);
-        if (int8_tiles) {
-            const QuantizedRows &r = int8.rows;
-            Expr row = last(s, tokens), o = last_likely(out, features);
-            result = r.step(row, b) * int8.weight.scale(o) *
-                     cast<float>(l.product(out, s, b) - r.zero(row, b) * int8.weight.sum(o));
-        }
     } else if (precision == Precision::fp32) {
         l.product(out, s, b) = 0.0f;
         define_weight_transposed(l.weight_transposed, weight, layout, features, panel);
@@ -188,11 +181,6 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
             l.k = RDom({{0, 2}, {0, quads}}, name + "_k");
             l.product(out, s, b) += cast<int32_t>(l.pair_sums(2 * out + l.k.x, s, b, l.k.y));
         }
-        // The scales clamped for whole vectors of outputs past the last (a panel's).
-        const QuantizedRows &r = int8.rows;
-        Expr o = last_likely(out, features);
-        result = r.step(row, b) * int8.weight.scale(o) *
-                 cast<float>(l.product(out, s, b) - r.zero(row, b) * int8.weight.sum(o));
     } else {
         l.product(out, s, b) = 0.0f;
         // Pairs of input features; an odd count's last pair is completed by a zero weight.
@@ -206,7 +194,14 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
         // Not clamped (as int8's quads): a pair is one 4-byte load, broadcast to every lane.
         l.product(out, s, b) += l.input_widened(2 * l.k.y + l.k.x, last(s, tokens), b) * l.weight_widened(l.k.x, out, l.k.y);
     }
-    if (!result.defined()) result = l.product(out, s, b);
+    Expr result = l.product(out, s, b);  // out − bias
+    if (precision == Precision::int8) {
+        // Dequantized (vectors or tiles alike); the scales clamped for whole vectors of outputs
+        // past the last (a panel's).
+        const QuantizedRows &r = int8.rows;
+        Expr row = last(s, tokens), o = last_likely(out, features);
+        result = r.step(row, b) * int8.weight.scale(o) * cast<float>(result - r.zero(row, b) * int8.weight.sum(o));
+    }
     l.out = Func{name};
     // (The bias clamped, so that a schedule may compute whole vectors of outputs past the last:
     // a panel's, WeightLayout::panels.)

@@ -66,6 +66,11 @@ enum class WeightLayout { linear, transposed, grouped, panels };
 // and LayerNorm stay f32; the attention core's products are in the layer's core precision
 // (LayerInputs::core_precision: manifest.json's core_precision, bf16 in the bf16 and int8 layers).
 enum class Precision { fp32, bf16, int8 };
+// The input features a product takes at a time, one 4-byte group: 1 in fp32, a pair in bf16, a
+// quad in int8 (WeightLayout::grouped's groups).
+inline int features_a_group(Precision precision) {
+    return precision == Precision::int8 ? 4 : precision == Precision::bf16 ? 2 : 1;
+}
 
 // How an int8 GEMM sums its u8 × i8 products, exactly either way: in i32 a quad of input
 // features at a time, the unit of AVX512_VNNI's vpdpbusd; or, on a CPU without VNNI, each pair
@@ -157,7 +162,7 @@ Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Hal
 // The outputs of an AMX tile (16 f32 or i32 columns), and the input features one tile product
 // sums (16 rows of 4 bytes: 32 bf16 pairs, 64 int8 quads).
 constexpr int kAmxTileColumns = 16;
-inline int amx_tile_features(Precision precision) { return precision == Precision::int8 ? 64 : 32; }
+inline int amx_tile_features(Precision precision) { return kAmxTileColumns * features_a_group(precision); }
 // The rows a panel of a grouped weight (WeightLayout::grouped) holds: its input features'
 // groups, rounded up to an AMX tile's 16 rows (zeros past the features), so that every panel
 // holds whole tiles (the runtime's ReducedWeights lays them out so).

@@ -122,7 +122,7 @@ public:
         x.set_estimates(activation);
         // (fp32: (panel·H, H/panel); grouped: rows of group·panel elements, about H/group a panel)
         const int panel = std::max(1, weight_panel());
-        const int group = precision == Precision::int8 ? 4 : precision == Precision::bf16 ? 2 : 1;
+        const int group = features_a_group(precision);
         for (auto *w : {&w_q, &w_k, &w_v, &w_o})
             w->set_estimates(
                 group == 1 ? Region{{0, kEstimateHidden * panel}, {0, kEstimateHidden / panel}}

@@ -56,7 +56,7 @@ def check(m, build, arch, show):
         # Each register tile is at least the hand-written schedule's rows × its vectors (the
         # manual parameters' defaults) products: fewer, and some tile lost the instruction.
         defaults = {p["name"]: p["default"] for p in m.data["manual_parameters"]}
-        tiles = list(m.functions[lib["function"]]["register_tiles"])
+        tiles = m.functions[lib["function"]]["register_tiles"]
         tile_instruction, amx_feature = AMX[precision]
         amx = amx_feature in m.isas[lib["isa"]]["cpu_features"] and lib["generator"] == "attention_layer"
         tile_dot = count(text, rf"\b{tile_instruction}\b")
