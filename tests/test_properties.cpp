@@ -9,6 +9,7 @@
 #include <HalideRuntime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <iostream>
 #include <mutex>
@@ -210,11 +211,19 @@ TEST_P(PropertyTest, EightThreadsSharingOneAttentionGetTheSingleThreadedResult) 
     for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[std::size_t(t)], "") << "thread " << t;
 }
 
+// The do_par_for Halide's loops call now (the library's pool once a call or
+// set_num_threads installed it).
+halide_do_par_for_t current_do_par_for() {
+    const halide_do_par_for_t current = halide_set_custom_do_par_for(halide_default_do_par_for);
+    halide_set_custom_do_par_for(current);
+    return current;
+}
+
 // Restores the kernels' thread count and Halide's task hooks when a test leaves, however
-// (it starts at 1 thread and Halide's own hooks).
+// (it starts at 1 thread, the library's pool and Halide's own task hooks).
 struct KernelThreadsRestored {
     int threads = set_num_threads(1);
-    halide_do_par_for_t par_for = halide_set_custom_do_par_for(halide_default_do_par_for);
+    halide_do_par_for_t par_for = current_do_par_for();
     halide_do_task_t task = halide_set_custom_do_task(halide_default_do_task);
     halide_do_loop_task_t loop_task = halide_set_custom_do_loop_task(halide_default_do_loop_task);
     ~KernelThreadsRestored() {
@@ -286,6 +295,71 @@ TEST(Threads, KernelsRunOnAtMostTheThreadsSet) {
     }
 }
 
+// The library's pool (runtime/src/threads.cpp) through Halide's own entry point, as the
+// kernels call it: every task of a loop runs exactly once, from its `min`, at 1 to 8 threads;
+// a task's own loop (nested parallelism) too; loops from several application threads at once
+// each finish whole; a failing task's code is the loop's, and no task runs twice.
+struct TaskCounts {
+    std::vector<std::atomic<int>> runs;
+    int fail_at = -1;
+    explicit TaskCounts(std::size_t n) : runs(n) {}
+};
+int count_task(void *, int index, uint8_t *closure) {
+    TaskCounts &counts = *reinterpret_cast<TaskCounts *>(closure);
+    counts.runs[std::size_t(index - 100)].fetch_add(1);
+    return index - 100 == counts.fail_at ? -7 : 0;
+}
+struct NestedLoops {
+    TaskCounts inner{8 * 50};
+};
+int nested_task(void *user_context, int outer, uint8_t *closure) {
+    // Inner tasks 100 + outer * 50 ... + 49: each outer task's own loop.
+    NestedLoops &loops = *reinterpret_cast<NestedLoops *>(closure);
+    return halide_do_par_for(user_context, count_task, 100 + outer * 50, 50, reinterpret_cast<uint8_t *>(&loops.inner));
+}
+std::string runs_other_than_once(const TaskCounts &counts) {
+    std::string wrong;
+    for (std::size_t i = 0; i < counts.runs.size(); ++i) {
+        if (counts.runs[i].load() != 1) wrong += " task " + std::to_string(i) + " ran " + std::to_string(counts.runs[i].load());
+    }
+    return wrong;
+}
+
+TEST(Threads, PoolRunsEveryTaskOnce) {
+    const KernelThreadsRestored restored;
+    ASSERT_NE(current_do_par_for(), halide_default_do_par_for) << "the library's pool is not installed";
+    for (const int threads : {1, 2, 3, 8}) {
+        set_num_threads(threads);
+        for (int repeat = 0; repeat < 20; ++repeat) {
+            TaskCounts flat(1000);
+            ASSERT_EQ(halide_do_par_for(nullptr, count_task, 100, 1000, reinterpret_cast<uint8_t *>(&flat)), 0);
+            EXPECT_EQ(runs_other_than_once(flat), "") << threads << " threads";
+            NestedLoops nested;
+            ASSERT_EQ(halide_do_par_for(nullptr, nested_task, 0, 8, reinterpret_cast<uint8_t *>(&nested)), 0);
+            EXPECT_EQ(runs_other_than_once(nested.inner), "") << threads << " threads, nested";
+        }
+        std::vector<std::thread> callers;
+        std::vector<std::string> wrong(4);
+        for (int c = 0; c < 4; ++c) {
+            callers.emplace_back([&wrong, c] {
+                for (int repeat = 0; repeat < 50 && wrong[std::size_t(c)].empty(); ++repeat) {
+                    TaskCounts counts(97);
+                    const int status = halide_do_par_for(nullptr, count_task, 100, 97, reinterpret_cast<uint8_t *>(&counts));
+                    wrong[std::size_t(c)] = (status ? " status " + std::to_string(status) : "") + runs_other_than_once(counts);
+                }
+            });
+        }
+        for (std::thread &caller : callers) caller.join();
+        for (int c = 0; c < 4; ++c) EXPECT_EQ(wrong[std::size_t(c)], "") << threads << " threads, caller " << c;
+        TaskCounts failing(200);
+        failing.fail_at = 37;
+        EXPECT_EQ(halide_do_par_for(nullptr, count_task, 100, 200, reinterpret_cast<uint8_t *>(&failing)), -7)
+            << threads << " threads";
+        EXPECT_EQ(failing.runs[37].load(), 1);
+        for (const std::atomic<int> &runs : failing.runs) EXPECT_LE(runs.load(), 1) << threads << " threads, failing";
+    }
+}
+
 // On more than 4 kernel threads the hand-written CPU schedules split their work finer (a
 // projection's panels by blocks of rows, a head's query blocks: schedules/cpu_manual.cpp,
 // chosen when the pipeline runs). Each output is computed the same way either way, so every
@@ -347,6 +421,7 @@ int noting_loop_task(void *user_context, halide_task_t f, int idx, uint8_t *clos
     --task_depth;
     return status;
 }
+halide_do_par_for_t kernels_do_par_for = nullptr;  // the library's pool, which noting_par_for passes loops on to
 int noting_par_for(void *user_context, halide_task_t f, int min, int size, uint8_t *closure) {
     {
         std::lock_guard<std::mutex> lock(loops_mutex);
@@ -356,7 +431,7 @@ int noting_par_for(void *user_context, halide_task_t f, int min, int size, uint8
             loop_tasks.back().second = std::max(loop_tasks.back().second, size);
         }
     }
-    return halide_default_do_par_for(user_context, f, min, size, closure);
+    return kernels_do_par_for(user_context, f, min, size, closure);
 }
 // The tasks each top-level loop of one forward call offers at `threads`.
 std::vector<int> tasks_per_loop(const Attention &layer, const LayerData &data, int threads) {
@@ -365,10 +440,10 @@ std::vector<int> tasks_per_loop(const Attention &layer, const LayerData &data, i
     set_num_threads(threads);
     layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden}));  // the pool starts
     loop_tasks.clear();
-    halide_set_custom_do_par_for(noting_par_for);
+    kernels_do_par_for = halide_set_custom_do_par_for(noting_par_for);
     halide_set_custom_do_task(noting_loop_task);
     layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden}));
-    halide_set_custom_do_par_for(halide_default_do_par_for);
+    halide_set_custom_do_par_for(kernels_do_par_for);
     halide_set_custom_do_task(halide_default_do_task);
     std::vector<int> tasks;
     for (const auto &[iterations, nested] : loop_tasks) tasks.push_back(iterations * nested);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -66,6 +67,7 @@ void prepare_halide(const VariantInfo &variant) {
     static const bool handler_installed = (halide_set_error_handler(capture_halide_error), true);
     (void)handler_installed;
     detail::install_scratch_cache();
+    detail::install_thread_pool();
     if (variant.device != "cpu") {
         // Keep freed device buffers for the next call instead of returning them to the driver.
         static const bool reuse = (halide_reuse_device_allocations(nullptr, true), true);
@@ -217,6 +219,8 @@ void check_cuda_variant(const char *name, const VariantInfo &variant) {
 void Call::run() {
     // The cap of the kernels that run (a fallback's are the hand-written schedule's).
     const int cap = compiled_.gpu_max_registers ? compiled_.gpu_max_registers : manifest::kGpuMaxRegisters;
+    std::optional<detail::KernelCall> on_cpu;
+    if (variant_.device == "cpu") on_cpu.emplace();
     check_halide(variant_.device == "cuda" ? call_cuda(compiled_, arguments_, what_, cap)
                                            : detail::call(compiled_, arguments_, what_),
                  "halide", what_);

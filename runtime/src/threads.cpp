@@ -1,18 +1,257 @@
-// The kernels' CPU threads: Halide's default thread pool, shared by every CPU variant.
+// The kernels' CPU threads: a thread pool for Halide's parallel loops, shared by every CPU
+// variant. Halide's own pool parks a worker the moment it finds no task, and parks the caller
+// while the last tasks of a loop finish, so each of a layer's ~15 parallel loops pays two
+// wake-ups through the kernel (tens of µs each on a VM, where a parked vCPU halts). Here the
+// caller and the workers spin for kSpin after their last task before they park, as ONNX
+// Runtime's and OpenMP's pools do, so the loops of one call, and back-to-back calls, find
+// the workers awake.
 #include "attn/attention.h"
+#include "attn/internal.h"
 
 #include <HalideRuntime.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace attn {
+namespace {
+
+// A worker parks once no kernel call has run for kLinger: longer than the gap between the
+// calls of one forward (a layer's stages) and between back-to-back calls; short, so that the
+// cores go back to the application (PyTorch's operators between two layers) soon after.
+constexpr auto kLinger = std::chrono::microseconds(100);
+// A caller whose loop's last tasks run on other threads yields its core after spinning this
+// long (more threads than cores: the task it waits for needs one).
+constexpr auto kSpin = std::chrono::microseconds(100);
+using Clock = std::chrono::steady_clock;
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
+
+// One parallel loop of a kernel: its tasks, claimed one at a time by the caller and by any
+// worker that joins.
+struct Loop {
+    void *user_context;
+    halide_task_t task;
+    uint8_t *closure;
+    int min, size;
+    std::atomic<int> next{0};     // the next task to claim, counted from 0
+    std::atomic<int> helpers{0};  // workers working on it (added under the pool's lock)
+    std::atomic<int> status{0};   // the first failing task's code
+
+    bool open() const { return next.load(std::memory_order_relaxed) < size; }
+    // Runs tasks until none is left to claim. Halide's halide_do_task runs each, so an
+    // application's (or a test's) do_task hook sees them as under Halide's own pool.
+    void work() {
+        for (int i = next.fetch_add(1, std::memory_order_relaxed); i < size;
+             i = next.fetch_add(1, std::memory_order_relaxed)) {
+            const int failed = halide_do_task(user_context, task, min + i, closure);
+            if (failed != 0) {
+                int none = 0;
+                status.compare_exchange_strong(none, failed);
+                next.store(size, std::memory_order_relaxed);  // no further task starts
+            }
+        }
+    }
+};
+
+class Pool {
+public:
+    ~Pool() { set_threads(1); }
+
+    // Runs every task of `loop`, the caller working too. A task may run a loop of its own
+    // (nested parallelism): that loop is offered to idle workers the same way.
+    int run(Loop &loop) {
+        if (threads_.load(std::memory_order_relaxed) <= 1 || loop.size <= 1) {
+            loop.work();
+            return loop.status.load();
+        }
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            loops_.push_back(&loop);
+            loops_offered_.store(int(loops_.size()), std::memory_order_release);
+            for (int i = std::min(sleeping_.load(), loop.size - 1); i > 0; --i) wake_.notify_one();
+        }
+        loop.work();
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            withdraw(&loop);
+        }
+        // The workers still on it are running its last tasks.
+        const Clock::time_point yield_from = Clock::now() + kSpin;
+        for (int polls = 1; loop.helpers.load(std::memory_order_acquire) != 0; ++polls) {
+            cpu_relax();
+            if (polls % 64 == 0 && Clock::now() > yield_from) std::this_thread::yield();
+        }
+        return loop.status.load();
+    }
+
+    // Kernel calls running (Call::run's CPU kernels): the workers spin while there are any,
+    // and the first call wakes those parked, so that they are up by its first loop.
+    void call_starts() {
+        calls_running_.fetch_add(1);  // sequentially consistent with a parking worker's sleeping_
+        if (sleeping_.load() > 0) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            wake_.notify_all();
+        }
+    }
+    void call_ends() { calls_running_.fetch_sub(1); }
+
+    int threads() const { return threads_.load(std::memory_order_relaxed); }
+
+    // `threads` - 1 workers (the caller is the other). Workers of the previous count finish
+    // the task they run and leave; a loop running meanwhile finishes with the threads it has.
+    void set_threads(int threads) {
+        std::lock_guard<std::mutex> resizing(resize_mutex_);
+        if (threads == threads_.load()) return;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            generation_.fetch_add(1, std::memory_order_release);
+            wake_.notify_all();
+        }
+        for (std::thread &worker : workers_) worker.join();
+        workers_.clear();
+        const unsigned generation = generation_.load();
+        for (int i = 1; i < threads; ++i) workers_.emplace_back([this, generation] { worker(generation); });
+        threads_.store(threads);
+    }
+
+private:
+    // Under mutex_: takes the loop off the list of those offered.
+    void withdraw(Loop *loop) {
+        loops_.erase(std::remove(loops_.begin(), loops_.end(), loop), loops_.end());
+        loops_offered_.store(int(loops_.size()), std::memory_order_release);
+    }
+
+    // Under mutex_: the newest loop offered with a task to claim (a nested loop before the
+    // loop it runs in), now with one more helper; loops with none left are withdrawn.
+    Loop *join_loop() {
+        while (!loops_.empty()) {
+            Loop *loop = loops_.back();
+            if (loop->open()) {
+                loop->helpers.fetch_add(1, std::memory_order_relaxed);
+                return loop;
+            }
+            withdraw(loop);
+        }
+        return nullptr;
+    }
+
+    void worker(unsigned generation) {
+        const auto current = [&] { return generation_.load(std::memory_order_acquire) == generation; };
+        std::unique_lock<std::mutex> lock(mutex_);
+        while (current()) {
+            if (Loop *loop = join_loop()) {
+                lock.unlock();
+                loop->work();
+                loop->helpers.fetch_sub(1, std::memory_order_release);
+                lock.lock();
+                continue;
+            }
+            lock.unlock();
+            const bool offered = spin(generation);
+            lock.lock();
+            if (offered) continue;
+            sleeping_.fetch_add(1);
+            wake_.wait(lock, [&] { return !loops_.empty() || calls_running_.load() > 0 || !current(); });
+            sleeping_.fetch_sub(1);
+        }
+    }
+
+    // A worker without a task: spins until a loop is offered or its generation is over
+    // (true), or until no call has run for kLinger (false: it parks). Past kSpin it lets
+    // other threads have the core in turn.
+    bool spin(unsigned generation) {
+        const Clock::time_point spinning_since = Clock::now();
+        Clock::time_point linger_until = spinning_since + kLinger;
+        for (int polls = 1;; ++polls) {
+            if (loops_offered_.load(std::memory_order_acquire) > 0 || generation_.load() != generation) return true;
+            cpu_relax();
+            if (polls % 64 != 0) continue;
+            const Clock::time_point now = Clock::now();
+            if (calls_running_.load(std::memory_order_relaxed) > 0) {
+                linger_until = now + kLinger;
+            } else if (now > linger_until) {
+                return false;
+            }
+            if (now > spinning_since + kSpin) std::this_thread::yield();
+        }
+    }
+
+    std::mutex resize_mutex_;  // one resize at a time
+    std::mutex mutex_;         // guards loops_, sleeping_ and the wake-ups
+    std::condition_variable wake_;
+    std::vector<Loop *> loops_;              // loops offered to the workers, newest last
+    std::atomic<int> loops_offered_{0};      // loops_.size(), for spinning workers
+    std::atomic<unsigned> generation_{0};    // a worker of an older generation leaves
+    std::atomic<int> threads_{1};
+    std::atomic<int> calls_running_{0};
+    std::atomic<int> sleeping_{0};           // workers parked on wake_ (changed under mutex_)
+    std::vector<std::thread> workers_;
+};
+
+Pool &pool() {
+    static Pool instance;
+    return instance;
+}
+
+int pool_do_par_for(void *user_context, halide_task_t task, int min, int size, uint8_t *closure) {
+    Loop loop;
+    loop.user_context = user_context, loop.task = task, loop.closure = closure, loop.min = min, loop.size = size;
+    return pool().run(loop);
+}
+
+// Whether the kernels run on this pool: installed by the first call or thread count set,
+// unless the application installed its own do_par_for before (it keeps it).
+bool pool_installed() {
+    static const bool installed = [] {
+        const halide_do_par_for_t previous = halide_set_custom_do_par_for(pool_do_par_for);
+        if (previous != halide_default_do_par_for) {
+            halide_set_custom_do_par_for(previous);
+            return false;
+        }
+        return true;
+    }();
+    return installed;
+}
+
+}  // namespace
+
+namespace detail {
+KernelCall::KernelCall() { pool().call_starts(); }
+KernelCall::~KernelCall() { pool().call_ends(); }
+
+void install_thread_pool() {
+    if (!pool_installed()) return;
+    // Halide's count is the one in force (the schedules read it when they run:
+    // schedules/cpu_manual.cpp); 0 until set, then one per core or $HL_NUM_THREADS.
+    if (halide_get_num_threads() == 0) halide_set_num_threads(0);
+    if (pool().threads() != halide_get_num_threads()) pool().set_threads(halide_get_num_threads());
+}
+}  // namespace detail
 
 int set_num_threads(int threads) {
     if (threads < 0 || threads > kMaxThreads) {
         throw Error("threads", "expected 0 (one per CPU core) to " + std::to_string(kMaxThreads) + ", got " +
                                    std::to_string(threads));
     }
-    return halide_set_num_threads(threads);
+    const int previous = halide_set_num_threads(threads);
+    detail::install_thread_pool();
+    return previous;
 }
 
 int num_threads() { return halide_get_num_threads(); }

@@ -307,10 +307,11 @@ const VariantInfo &select_variant(const Config &config, const std::string &name 
 // what is kept back to the system; returns how many bytes.
 std::size_t release_scratch_memory();
 
-// The most threads Halide's thread pool takes (it would clamp more without a word).
+// The most threads the kernels take (Halide's own limit, which the library keeps).
 inline constexpr int kMaxThreads = 256;
-// The CPU threads the kernels may use, for the whole process (Halide's thread pool, which
-// every CPU variant shares): 1 to kMaxThreads, or 0 for the default, one per CPU core (or
+// The CPU threads the kernels may use, for the whole process (the library's thread pool,
+// which every CPU variant shares; its workers spin between a call's parallel loops and park
+// 0.1 ms after the last call): 1 to kMaxThreads, or 0 for the default, one per CPU core (or
 // $HL_NUM_THREADS). Returns the count it replaces (0: none yet). A call already running
 // finishes with the threads it has.
 int set_num_threads(int threads);

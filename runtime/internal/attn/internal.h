@@ -124,4 +124,16 @@ struct ScratchStats {
 };
 ScratchStats scratch_stats();
 
+// The kernels' thread pool (runtime/src/threads.cpp), sized to Halide's thread count.
+// Installed by the first call, unless the application installed its own do_par_for first.
+void install_thread_pool();
+// A CPU kernel call (pipeline::Call::run): while one runs, the pool's workers spin between its
+// parallel loops instead of parking, and its start wakes those parked.
+struct KernelCall {
+    KernelCall();
+    ~KernelCall();
+    KernelCall(const KernelCall &) = delete;
+    KernelCall &operator=(const KernelCall &) = delete;
+};
+
 }  // namespace attn::detail
