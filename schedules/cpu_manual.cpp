@@ -663,11 +663,15 @@ void schedule_attention_core_cpu(attn_gen::FlashAttention flash, Func key_end, F
                                  const Target &target) {
     schedule_flash_core(flash, key_end, t, target);
     // The context is the core's internal Func (its blocks round the rows up); the output
-    // copies it, a pass over B·S_q·H floats against the core's O(S_q·S_k·H).
-    Var head_batch{"head_batch"};
+    // copies it, a pass over B·S_q·H floats against the core's O(S_q·S_k·H): a task a block of
+    // 16 rows, each row's heads in storage order. (Fused over head and batch, which the rows
+    // separate, the parallel loop ran once per row: 128 loops of 12 tasks a call at S=128.)
+    Var rows{"rows"}, row{"row"}, row_blocks{"row_blocks"};
     out.compute_root()
-        .fuse(dims.head, dims.batch, head_batch)
-        .parallel(head_batch)
+        .split(dims.query, rows, row, 16, kGuard)
+        .reorder(dims.head_dim, dims.head, row, rows, dims.batch)
+        .fuse(rows, dims.batch, row_blocks)
+        .parallel(row_blocks)
         .vectorize(dims.head_dim, vector_width(target), kGuard);
 }
 
