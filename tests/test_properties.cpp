@@ -3,6 +3,8 @@
 // real tokens ignore padded content, threads sharing one Attention get what one thread gets,
 // the kernels use at most the threads set, and the host scratch cache hands back kept
 // blocks without changing a result.
+#include "attn/function_calls.h"
+#include "attn/generated/manifest.h"
 #include "attn/internal.h"  // detail::scratch_stats
 #include "support/variant_param.h"
 
@@ -11,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -469,6 +472,70 @@ TEST(Threads, SixteenThreadsFindTasksInEveryLargeLoop) {
     EXPECT_GE(grown, 5) << variant.name << ": the projections and the core should each offer more tasks, and 24 or "
                         << "more, at 16 threads; tasks per loop at 2 -> 16 threads:" << loops;
     std::cout << "[   INFO   ] " << variant.name << ", tasks per parallel loop at 2 -> 16 threads:" << loops << "\n";
+}
+
+// How many parallel loops a call runs does not grow with the sequence: a parallel loop
+// inside a serial one over rows or keys pays a hand-over to the pool's threads each time
+// (attention_core's output copy did, fused over head and batch, which its rows separated:
+// 128 loops of 12 tiny tasks a call at S=128, half its time on two threads). Every function
+// of every hand-written and tuned CPU variant that runs here, at S=64 and S=256: the same
+// count of top-level loops. (The autoschedulers' variants are theirs.)
+TEST(Threads, ParallelLoopsPerCallDoNotGrowWithTheSequence) {
+    const KernelThreadsRestored restored;
+    set_num_threads(2);
+    int checked = 0;
+    for (const VariantInfo &variant : variants()) {
+        if (variant.device != "cpu" || !variant.runnable ||
+            (variant.schedule != "manual" && variant.schedule != "autotuned"))
+            continue;
+        for (const manifest::Function &f : manifest::kFunctions) {
+            if (!variant.provides(f.name) || !detail::has_function_call(f.name)) continue;
+            const detail::FunctionCall &call = detail::function_call(f.name);
+            std::vector<std::size_t> loops;
+            for (const int64_t s : {64, 256}) {
+                Problem p;
+                p.batch = 2, p.s_q = p.s_k = s, p.hidden = 256, p.heads = 4;
+                const LayerData data(p);
+                const PackedBatch packed = data.packed();
+                const AttentionInputs layer = data.inputs();
+                // The stages' inputs: any values of the right shapes (only the loops are counted).
+                const std::vector<float> rows(std::size_t(p.batch * s * p.hidden), 0.5f),
+                    squares(std::size_t(p.batch * p.heads * s * s), 0.25f);
+                const Shape row_shape{p.batch, s, p.hidden}, square_shape{p.batch, p.heads, s, s};
+                detail::CallInputs in;
+                in.x = layer.x, in.key_padding_mask = layer.key_padding_mask, in.bias = layer.bias;
+                in.weights = data.weights(), in.packed = packed.inputs();
+                in.q = in.k = in.v = in.ctx = ConstTensor{rows.data(), rows.size(), row_shape};
+                in.scores = in.probs = ConstTensor{squares.data(), squares.size(), square_shape};
+                const detail::CallShape shape{p.config(), p.batch, p.s_q, p.s_k};
+                std::vector<std::vector<float>> outputs;
+                std::vector<MutableTensor> views;
+                for (const detail::CallOutput &o : call.outputs(shape, in)) {
+                    std::size_t n = 1;
+                    for (const int64_t extent : o.shape) n *= std::size_t(extent);
+                    outputs.emplace_back(n);
+                }
+                const std::vector<detail::CallOutput> shapes = call.outputs(shape, in);
+                for (std::size_t o = 0; o < outputs.size(); ++o)
+                    views.push_back(MutableTensor{outputs[o].data(), outputs[o].size(), shapes[o].shape});
+                const std::function<void()> run = call.prepare(variant, shape, in, views);
+                run();  // the first call: the pool starts, scratch is allocated
+                loop_tasks.clear();
+                kernels_do_par_for = halide_set_custom_do_par_for(noting_par_for);
+                halide_set_custom_do_task(noting_loop_task);
+                run();
+                halide_set_custom_do_par_for(kernels_do_par_for);
+                halide_set_custom_do_task(halide_default_do_task);
+                loops.push_back(loop_tasks.size());
+            }
+            EXPECT_EQ(loops[0], loops[1])
+                << variant.name << " " << f.name << ": " << loops[0] << " parallel loops a call at "
+                << "S=64, " << loops[1] << " at S=256";
+            ++checked;
+        }
+    }
+    std::cout << "[   INFO   ] " << checked << " functions of hand-written and tuned CPU variants checked\n";
+    EXPECT_GT(checked, 0);
 }
 
 // The host scratch cache (runtime/src/host_scratch.cpp): a second call of the same shape
