@@ -20,6 +20,9 @@
 #include <set>
 #include <thread>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 namespace attn::testing {
 namespace {
 
@@ -361,6 +364,34 @@ TEST(Threads, PoolRunsEveryTaskOnce) {
         EXPECT_EQ(failing.runs[37].load(), 1);
         for (const std::atomic<int> &runs : failing.runs) EXPECT_LE(runs.load(), 1) << threads << " threads, failing";
     }
+}
+
+// fork() after the kernels ran on two threads: the child, which has the forking thread
+// alone, runs the layer on threads of its own, gets the parent's result bit for bit and
+// exits normally, its pool's destructor included (the parent's workers do not exist there).
+TEST(Threads, ChildOfForkRunsTheKernels) {
+    const VariantInfo &variant = select_variant();
+    Problem p;
+    p.batch = 1, p.s_q = p.s_k = 64, p.hidden = 256, p.heads = 4;
+    const LayerData data(p);
+    const Attention layer(p.config(), data.weights(), variant.name);
+    const Shape y_shape{p.batch, p.s_q, p.hidden};
+    std::vector<float> y(std::size_t(p.batch * p.s_q * p.hidden));
+    const KernelThreadsRestored restored;
+    set_num_threads(2);
+    layer.forward(data.inputs(), view(y, y_shape));
+    std::cout.flush();
+    const pid_t child = fork();
+    ASSERT_NE(child, -1) << "fork failed";
+    if (child == 0) {
+        std::vector<float> again(y.size());
+        layer.forward(data.inputs(), view(again, y_shape));
+        std::exit(again == y && num_threads() == 2 ? 0 : 3);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status)) << "the child did not exit normally (signal " << WTERMSIG(status) << ")";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "3: the child's result or thread count differs";
 }
 
 // On more than 4 kernel threads the hand-written CPU schedules split their work finer (a

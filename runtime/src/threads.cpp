@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <pthread.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,6 +73,30 @@ struct Loop {
 class Pool {
 public:
     ~Pool() { set_threads(1); }
+
+    // fork(): no thread holds the pool's locks then, and the child, which has the forking
+    // thread alone, forgets the parent's workers (they do not exist there: joining them would
+    // fail) and starts its own at its first call (detail::install_thread_pool).
+    void before_fork() {
+        resize_mutex_.lock();
+        mutex_.lock();
+    }
+    void after_fork_in_parent() {
+        mutex_.unlock();
+        resize_mutex_.unlock();
+    }
+    void after_fork_in_child() {
+        static auto *forgotten = new std::vector<std::thread>();  // never joined nor destroyed
+        for (std::thread &worker : workers_) forgotten->push_back(std::move(worker));
+        workers_.clear();
+        loops_.clear();
+        loops_offered_.store(0);
+        calls_running_.store(0);
+        sleeping_.store(0);
+        threads_.store(1);
+        mutex_.unlock();
+        resize_mutex_.unlock();
+    }
 
     // Runs every task of `loop`, the caller working too. A task may run a loop of its own
     // (nested parallelism): that loop is offered to idle workers the same way.
@@ -206,6 +231,10 @@ private:
 
 Pool &pool() {
     static Pool instance;
+    static const bool fork_handlers = (pthread_atfork([] { pool().before_fork(); }, [] { pool().after_fork_in_parent(); },
+                                                      [] { pool().after_fork_in_child(); }),
+                                       true);
+    (void)fork_handlers;
     return instance;
 }
 
