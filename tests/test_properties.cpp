@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <iostream>
@@ -20,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -366,9 +368,10 @@ TEST(Threads, PoolRunsEveryTaskOnce) {
     }
 }
 
-// fork() after the kernels ran on two threads: the child, which has the forking thread
-// alone, runs the layer on threads of its own, gets the parent's result bit for bit and
-// exits normally, its pool's destructor included (the parent's workers do not exist there).
+// fork() after the kernels ran on two threads, their worker parked (0.1 ms after the call)
+// and then spinning (during one): the child, which has the forking thread alone, runs the
+// layer on threads of its own, gets the parent's result bit for bit and exits normally (the
+// parent's workers, which do not exist there, were waiters of the pool's condition variable).
 TEST(Threads, ChildOfForkRunsTheKernels) {
     const VariantInfo &variant = select_variant();
     Problem p;
@@ -380,18 +383,38 @@ TEST(Threads, ChildOfForkRunsTheKernels) {
     const KernelThreadsRestored restored;
     set_num_threads(2);
     layer.forward(data.inputs(), view(y, y_shape));
-    std::cout.flush();
-    const pid_t child = fork();
-    ASSERT_NE(child, -1) << "fork failed";
-    if (child == 0) {
-        std::vector<float> again(y.size());
-        layer.forward(data.inputs(), view(again, y_shape));
-        std::exit(again == y && num_threads() == 2 ? 0 : 3);
+    for (const bool parked : {true, false}) {
+        if (parked) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        } else {
+            layer.forward(data.inputs(), view(y, y_shape));  // the worker still spins after it
+        }
+        std::cout.flush();
+        const pid_t child = fork();
+        ASSERT_NE(child, -1) << "fork failed";
+        if (child == 0) {
+            std::vector<float> again(y.size());
+            for (int call = 0; call < 3; ++call) {
+                layer.forward(data.inputs(), view(again, y_shape));
+                if (call == 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // its own worker parks
+            }
+            std::exit(again == y && num_threads() == 2 ? 0 : 3);
+        }
+        // A child that hangs is killed after a minute (it takes milliseconds).
+        int status = 0;
+        pid_t waited = 0;
+        for (int poll = 0; poll < 6000 && (waited = waitpid(child, &status, WNOHANG)) == 0; ++poll)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (waited == 0) {
+            kill(child, SIGKILL);
+            waitpid(child, &status, 0);
+            FAIL() << "the child of a fork " << (parked ? "with the worker parked" : "with the worker spinning")
+                   << " hung";
+        }
+        ASSERT_EQ(waited, child);
+        ASSERT_TRUE(WIFEXITED(status)) << "the child did not exit normally (signal " << WTERMSIG(status) << ")";
+        EXPECT_EQ(WEXITSTATUS(status), 0) << "3: the child's result or thread count differs";
     }
-    int status = 0;
-    ASSERT_EQ(waitpid(child, &status, 0), child);
-    ASSERT_TRUE(WIFEXITED(status)) << "the child did not exit normally (signal " << WTERMSIG(status) << ")";
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "3: the child's result or thread count differs";
 }
 
 // On more than 4 kernel threads the hand-written CPU schedules split their work finer (a

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <new>
 #include <pthread.h>
 #include <string>
 #include <thread>
@@ -70,13 +71,15 @@ struct Loop {
     }
 };
 
+// Never destroyed (pool()): a thread may still run a kernel while the process exits, and
+// its workers, parked or spinning, end with the process.
 class Pool {
 public:
-    ~Pool() { set_threads(1); }
-
     // fork(): no thread holds the pool's locks then, and the child, which has the forking
     // thread alone, forgets the parent's workers (they do not exist there: joining them would
-    // fail) and starts its own at its first call (detail::install_thread_pool).
+    // fail) and starts its own at its first call (detail::install_thread_pool). The condition
+    // variable is made anew: the parked workers are counted in it as waiters, which in the
+    // child would never leave (its destruction, or a later notify, would wait for them).
     void before_fork() {
         resize_mutex_.lock();
         mutex_.lock();
@@ -94,6 +97,7 @@ public:
         calls_running_.store(0);
         sleeping_.store(0);
         threads_.store(1);
+        new (&wake_) std::condition_variable();  // the parent's, with its waiters, is abandoned
         mutex_.unlock();
         resize_mutex_.unlock();
     }
@@ -189,7 +193,15 @@ private:
             }
             lock.unlock();
             const bool offered = spin(generation);
-            lock.lock();
+            // Many workers see an offer at once: they spin for the lock rather than sleep on
+            // it in the kernel, one after another.
+            for (int tries = 0; !lock.try_lock(); ++tries) {
+                if (tries == 1000) {
+                    lock.lock();
+                    break;
+                }
+                cpu_relax();
+            }
             if (offered) continue;
             sleeping_.fetch_add(1);
             wake_.wait(lock, [&] { return !loops_.empty() || calls_running_.load() > 0 || !current(); });
@@ -230,7 +242,7 @@ private:
 };
 
 Pool &pool() {
-    static Pool instance;
+    static Pool &instance = *new Pool();
     static const bool fork_handlers = (pthread_atfork([] { pool().before_fork(); }, [] { pool().after_fork_in_parent(); },
                                                       [] { pool().after_fork_in_child(); }),
                                        true);
@@ -258,6 +270,19 @@ bool pool_installed() {
     return installed;
 }
 
+// Halide's thread count and the pool's size, changed together (set_num_threads and a first
+// call may race).
+std::mutex thread_count_mutex;
+
+// Under thread_count_mutex: the pool sized to Halide's count, the one in force (the
+// schedules read it when they run: schedules/cpu_manual.cpp); 0 until set, then one per
+// core or $HL_NUM_THREADS.
+void size_pool() {
+    if (!pool_installed()) return;
+    if (halide_get_num_threads() == 0) halide_set_num_threads(0);
+    if (pool().threads() != halide_get_num_threads()) pool().set_threads(halide_get_num_threads());
+}
+
 }  // namespace
 
 namespace detail {
@@ -265,11 +290,8 @@ KernelCall::KernelCall() { pool().call_starts(); }
 KernelCall::~KernelCall() { pool().call_ends(); }
 
 void install_thread_pool() {
-    if (!pool_installed()) return;
-    // Halide's count is the one in force (the schedules read it when they run:
-    // schedules/cpu_manual.cpp); 0 until set, then one per core or $HL_NUM_THREADS.
-    if (halide_get_num_threads() == 0) halide_set_num_threads(0);
-    if (pool().threads() != halide_get_num_threads()) pool().set_threads(halide_get_num_threads());
+    std::lock_guard<std::mutex> lock(thread_count_mutex);
+    size_pool();
 }
 }  // namespace detail
 
@@ -278,8 +300,9 @@ int set_num_threads(int threads) {
         throw Error("threads", "expected 0 (one per CPU core) to " + std::to_string(kMaxThreads) + ", got " +
                                    std::to_string(threads));
     }
+    std::lock_guard<std::mutex> lock(thread_count_mutex);
     const int previous = halide_set_num_threads(threads);
-    detail::install_thread_pool();
+    size_pool();
     return previous;
 }
 
