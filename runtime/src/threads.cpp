@@ -1,10 +1,10 @@
 // The kernels' CPU threads: a thread pool for Halide's parallel loops, shared by every CPU
 // variant. Halide's own pool parks a worker the moment it finds no task, and parks the caller
-// while the last tasks of a loop finish, so each of a layer's ~15 parallel loops pays two
+// while the last tasks of a loop finish, so each of a layer's 6-13 parallel loops pays two
 // wake-ups through the kernel (tens of µs each on a VM, where a parked vCPU halts). Here the
-// caller and the workers spin for kSpin after their last task before they park, as ONNX
-// Runtime's and OpenMP's pools do, so the loops of one call, and back-to-back calls, find
-// the workers awake.
+// workers spin while a kernel call runs and park kLinger after the last, and a caller spins
+// for its loop's last tasks, as ONNX Runtime's and OpenMP's pools do, so the loops of one
+// call, and back-to-back calls, find the workers awake.
 #include "attn/attention.h"
 #include "attn/internal.h"
 
