@@ -490,18 +490,23 @@ int noting_par_for(void *user_context, halide_task_t f, int min, int size, uint8
     }
     return kernels_do_par_for(user_context, f, min, size, closure);
 }
+// The loops one call of `run` hands the pool, noted (loop_tasks); `run` is called once
+// before, so that the pool and the scratch memory are there.
+void note_loops(const std::function<void()> &run) {
+    run();
+    loop_tasks.clear();
+    kernels_do_par_for = halide_set_custom_do_par_for(noting_par_for);
+    halide_set_custom_do_task(noting_loop_task);
+    run();
+    halide_set_custom_do_par_for(kernels_do_par_for);
+    halide_set_custom_do_task(halide_default_do_task);
+}
 // The tasks each top-level loop of one forward call offers at `threads`.
 std::vector<int> tasks_per_loop(const Attention &layer, const LayerData &data, int threads) {
     const Problem &p = data.problem;
     std::vector<float> y(std::size_t(p.batch * p.s_q * p.hidden));
     set_num_threads(threads);
-    layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden}));  // the pool starts
-    loop_tasks.clear();
-    kernels_do_par_for = halide_set_custom_do_par_for(noting_par_for);
-    halide_set_custom_do_task(noting_loop_task);
-    layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden}));
-    halide_set_custom_do_par_for(kernels_do_par_for);
-    halide_set_custom_do_task(halide_default_do_task);
+    note_loops([&] { layer.forward(data.inputs(), view(y, {p.batch, p.s_q, p.hidden})); });
     std::vector<int> tasks;
     for (const auto &[iterations, nested] : loop_tasks) tasks.push_back(iterations * nested);
     return tasks;
@@ -562,24 +567,13 @@ TEST(Threads, ParallelLoopsPerCallDoNotGrowWithTheSequence) {
                 in.q = in.k = in.v = in.ctx = ConstTensor{rows.data(), rows.size(), row_shape};
                 in.scores = in.probs = ConstTensor{squares.data(), squares.size(), square_shape};
                 const detail::CallShape shape{p.config(), p.batch, p.s_q, p.s_k};
-                std::vector<std::vector<float>> outputs;
-                std::vector<MutableTensor> views;
-                for (const detail::CallOutput &o : call.outputs(shape, in)) {
-                    std::size_t n = 1;
-                    for (const int64_t extent : o.shape) n *= std::size_t(extent);
-                    outputs.emplace_back(n);
-                }
                 const std::vector<detail::CallOutput> shapes = call.outputs(shape, in);
-                for (std::size_t o = 0; o < outputs.size(); ++o)
-                    views.push_back(MutableTensor{outputs[o].data(), outputs[o].size(), shapes[o].shape});
-                const std::function<void()> run = call.prepare(variant, shape, in, views);
-                run();  // the first call: the pool starts, scratch is allocated
-                loop_tasks.clear();
-                kernels_do_par_for = halide_set_custom_do_par_for(noting_par_for);
-                halide_set_custom_do_task(noting_loop_task);
-                run();
-                halide_set_custom_do_par_for(kernels_do_par_for);
-                halide_set_custom_do_task(halide_default_do_task);
+                std::vector<GuardedOutput> outputs;
+                outputs.reserve(shapes.size());
+                std::vector<MutableTensor> views;
+                for (const detail::CallOutput &o : shapes) outputs.emplace_back(o.shape);
+                for (GuardedOutput &o : outputs) views.push_back(o.view());
+                note_loops(call.prepare(variant, shape, in, views));
                 loops.push_back(loop_tasks.size());
             }
             EXPECT_EQ(loops[0], loops[1])

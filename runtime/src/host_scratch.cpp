@@ -140,13 +140,8 @@ void install_scratch_cache() {
     // The free first: it takes any block, ours or not. An allocator the application
     // installed stays.
     static const bool installed = [] {
-        const halide_free_t previous_free = halide_set_custom_free(scratch_free);
-        if (previous_free != halide_default_free) {
-            halide_set_custom_free(previous_free);
-            return false;
-        }
-        const halide_malloc_t previous_malloc = halide_set_custom_malloc(scratch_malloc);
-        if (previous_malloc != halide_default_malloc) halide_set_custom_malloc(previous_malloc);
+        if (!install_hook(halide_set_custom_free, scratch_free, halide_default_free)) return false;
+        install_hook(halide_set_custom_malloc, scratch_malloc, halide_default_malloc);
         return true;
     }();
     (void)installed;

@@ -67,7 +67,6 @@ void prepare_halide(const VariantInfo &variant) {
     static const bool handler_installed = (halide_set_error_handler(capture_halide_error), true);
     (void)handler_installed;
     detail::install_scratch_cache();
-    detail::install_thread_pool();
     if (variant.device != "cpu") {
         // Keep freed device buffers for the next call instead of returning them to the driver.
         static const bool reuse = (halide_reuse_device_allocations(nullptr, true), true);

@@ -77,7 +77,7 @@ class Pool {
 public:
     // fork(): no thread holds the pool's locks then, and the child, which has the forking
     // thread alone, forgets the parent's workers (they do not exist there: joining them would
-    // fail) and starts its own at its first call (detail::install_thread_pool). The condition
+    // fail) and starts its own at its first call (detail::KernelCall). The condition
     // variable is made anew: the parked workers are counted in it as waiters, which in the
     // child would never leave (its destruction, or a later notify, would wait for them).
     void before_fork() {
@@ -259,14 +259,8 @@ int pool_do_par_for(void *user_context, halide_task_t task, int min, int size, u
 // Whether the kernels run on this pool: installed by the first call or thread count set,
 // unless the application installed its own do_par_for before (it keeps it).
 bool pool_installed() {
-    static const bool installed = [] {
-        const halide_do_par_for_t previous = halide_set_custom_do_par_for(pool_do_par_for);
-        if (previous != halide_default_do_par_for) {
-            halide_set_custom_do_par_for(previous);
-            return false;
-        }
-        return true;
-    }();
+    static const bool installed =
+        detail::install_hook(halide_set_custom_do_par_for, pool_do_par_for, halide_default_do_par_for);
     return installed;
 }
 
@@ -286,13 +280,14 @@ void size_pool() {
 }  // namespace
 
 namespace detail {
-KernelCall::KernelCall() { pool().call_starts(); }
-KernelCall::~KernelCall() { pool().call_ends(); }
-
-void install_thread_pool() {
-    std::lock_guard<std::mutex> lock(thread_count_mutex);
-    size_pool();
+KernelCall::KernelCall() {
+    {
+        std::lock_guard<std::mutex> lock(thread_count_mutex);
+        size_pool();
+    }
+    pool().call_starts();
 }
+KernelCall::~KernelCall() { pool().call_ends(); }
 }  // namespace detail
 
 int set_num_threads(int threads) {

@@ -124,10 +124,19 @@ struct ScratchStats {
 };
 ScratchStats scratch_stats();
 
-// The kernels' thread pool (runtime/src/threads.cpp), sized to Halide's thread count.
-// Installed by the first call, unless the application installed its own do_par_for first.
-void install_thread_pool();
-// A CPU kernel call (pipeline::Call::run): while one runs, the pool's workers spin between its
+// Installs one of Halide's runtime hooks (`set`: halide_set_custom_free, ..._do_par_for)
+// unless the application installed its own first, which it keeps; whether ours is in.
+template <typename Hook>
+bool install_hook(Hook (*set)(Hook), Hook ours, Hook halide_default) {
+    const Hook previous = set(ours);
+    if (previous == halide_default) return true;
+    set(previous);
+    return false;
+}
+
+// A CPU kernel call (pipeline::Call::run): its start installs the kernels' thread pool
+// (runtime/src/threads.cpp; unless the application installed its own do_par_for first) and
+// sizes it to Halide's thread count; while one runs, the pool's workers spin between its
 // parallel loops instead of parking, and its start wakes those parked.
 struct KernelCall {
     KernelCall();
