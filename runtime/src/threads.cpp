@@ -71,6 +71,10 @@ struct Loop {
     }
 };
 
+// Halide's thread count and the pool's size, changed together (set_num_threads and a first
+// call may race), and never across a fork.
+std::mutex thread_count_mutex;
+
 // Never destroyed (pool()): a thread may still run a kernel while the process exits, and
 // its workers, parked or spinning, end with the process.
 class Pool {
@@ -81,12 +85,12 @@ public:
     // variable is made anew: the parked workers are counted in it as waiters, which in the
     // child would never leave (its destruction, or a later notify, would wait for them).
     void before_fork() {
-        resize_mutex_.lock();
+        thread_count_mutex.lock();
         mutex_.lock();
     }
     void after_fork_in_parent() {
         mutex_.unlock();
-        resize_mutex_.unlock();
+        thread_count_mutex.unlock();
     }
     void after_fork_in_child() {
         static auto *forgotten = new std::vector<std::thread>();  // never joined nor destroyed
@@ -99,7 +103,7 @@ public:
         threads_.store(1);
         new (&wake_) std::condition_variable();  // the parent's, with its waiters, is abandoned
         mutex_.unlock();
-        resize_mutex_.unlock();
+        thread_count_mutex.unlock();
     }
 
     // Runs every task of `loop`, the caller working too. A task may run a loop of its own
@@ -142,10 +146,10 @@ public:
 
     int threads() const { return threads_.load(std::memory_order_relaxed); }
 
-    // `threads` - 1 workers (the caller is the other). Workers of the previous count finish
-    // the task they run and leave; a loop running meanwhile finishes with the threads it has.
+    // Under thread_count_mutex: `threads` - 1 workers (the caller is the other). Workers of
+    // the previous count finish the task they run and leave; a loop running meanwhile
+    // finishes with the threads it has.
     void set_threads(int threads) {
-        std::lock_guard<std::mutex> resizing(resize_mutex_);
         if (threads == threads_.load()) return;
         {
             std::lock_guard<std::mutex> lock(mutex_);
@@ -229,7 +233,6 @@ private:
         }
     }
 
-    std::mutex resize_mutex_;  // one resize at a time
     std::mutex mutex_;         // guards loops_, sleeping_ and the wake-ups
     std::condition_variable wake_;
     std::vector<Loop *> loops_;              // loops offered to the workers, newest last
@@ -263,10 +266,6 @@ bool pool_installed() {
         detail::install_hook(halide_set_custom_do_par_for, pool_do_par_for, halide_default_do_par_for);
     return installed;
 }
-
-// Halide's thread count and the pool's size, changed together (set_num_threads and a first
-// call may race).
-std::mutex thread_count_mutex;
 
 // Under thread_count_mutex: the pool sized to Halide's count, the one in force (the
 // schedules read it when they run: schedules/cpu_manual.cpp); 0 until set, then one per
