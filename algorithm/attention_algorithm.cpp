@@ -268,6 +268,14 @@ Func keys_in_pairs(const std::string &name, Func k_heads, Expr head_dim, Expr s_
     return k;
 }
 
+Func pair_rows(const std::string &name, Func pairs) {
+    const std::vector<Var> a = pairs.args();  // (pair, along, outer, head, batch)
+    Var pair_along{"pair_along"};
+    Func rows{name};
+    rows(pair_along, a[2], a[3], a[4]) = pairs(pair_along % 2, pair_along / 2, a[2], a[3], a[4]);
+    return rows;
+}
+
 Func values_in_pairs(const std::string &name, Func v_heads, Expr head_dim, Expr s_k, Type operand_type) {
     const Var &e = dims.head_dim, &h = dims.head, &b = dims.batch;
     Func v{name};
@@ -364,22 +372,22 @@ OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b
         n.projection(o, s, b) += ctx_heads(e, h, last(s, tokens), b) * n.weight_transposed(o, h * head_dim + e);
     } else {
         // The context by feature (h·d + e), rounded, so that each pair of features is
-        // adjacent for the GEMM, whatever d. The head is found in f32, not by integer division
-        // (which x86 vectors lack, and Halide scalarizes): (feature + ½)/d lies at least ½/d
-        // inside [h, h + 1), and its f32 error, (H/d)·2^-23, is far below that for any H < 2^21.
+        // adjacent for the GEMM, whatever d: zeros, then each head's features written as they
+        // lie (an update over (e, h): a vector of them is one load and one store, where
+        // finding each feature's head made every vector a gather: 8% of the bf16 AMX layer's
+        // time at B=1 S=384). The zeros stand past H, where a GEMM's pair, quad or tile reads.
         n.context_rounded = Func{"context_rounded"};
-        const Var &feature = dims.hidden;
-        Expr head = clamp(cast<int>(floor((cast<float>(feature) + 0.5f) / cast<float>(head_dim))), 0, heads - 1);
-        // (Both clamped, which changes nothing, so that Halide bounds the reads of ctx.)
-        Expr context = ctx_heads(clamp(feature - head * head_dim, 0, head_dim - 1), head, s, b);
+        const Type context_type = precision == Precision::bf16 ? BFloat(16) : Float(32);
+        n.context_features = RDom(0, head_dim, 0, heads, "context_features");
+        const RVar &e = n.context_features.x, &h = n.context_features.y;
+        n.context_rounded(dims.hidden, s, b) = cast(context_type, 0.0f);
+        n.context_rounded(h * head_dim + e, s, b) = cast(context_type, ctx_heads(e, h, s, b));
         Func no_bias{"no_bias"};
         no_bias(o) = 0.0f;
         if (precision == Precision::bf16) {
-            n.context_rounded(feature, s, b) = cast(BFloat(16), context);
             n.rounded = linear("projection", n.context_rounded, w_o, no_bias, hidden, tokens, Func(), layout, precision,
                                Int8Operands(), Float(32), panel, amx_tiles);
         } else {
-            n.context_rounded(feature, s, b) = context;
             n.context_quantized = quantized_to_u8("context_quantized", n.context_rounded, hidden);
             n.rounded = linear("projection", n.context_quantized.values, w_o, no_bias, hidden, tokens, Func(), layout,
                                precision, {n.context_quantized, w_o_scales, int8_sum}, Float(32), panel, amx_tiles);
@@ -422,7 +430,7 @@ Func last_real_key(Func key_padding_mask, Expr s_k) {
 
 FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func key_padding_mask, Func key_end, Func bias,
                                Expr bias_keys, Expr causal, Expr head_dim, Expr s_q, Expr s_k, Blocking blocking, Func query_end,
-                               Precision precision, bool bf16_widened) {
+                               Precision precision, bool bf16_widened, bool amx_tiles) {
     const Var &e = dims.head_dim, &h = dims.head, &b = dims.batch, &i = dims.query, &j = dims.key;
     const Var &qi = dims.query_in_block, &qb = dims.query_block, &kb = dims.key_block;
     const Var &kc = dims.key_chunk, &kl = dims.key_in_chunk;
@@ -431,6 +439,10 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     if (bf16 && C % 2 != 0)
         _halide_user_error << "flash_attention: a bf16 core sums its keys in pairs, so key_chunk must be even, got "
                            << C << "\n";
+    if (amx_tiles && (!bf16 || bf16_widened || C != kAmxTileStep || Q % kAmxTileColumns != 0))
+        _halide_user_error << "flash_attention: AMX tiles take a bf16 core's products in chunks of " << kAmxTileStep
+                           << " keys and blocks of a multiple of " << kAmxTileColumns << " queries, got key_chunk "
+                           << C << " and query_block " << Q << "\n";
     FlashAttention f;
     f.blocking = blocking;
     f.blocking.key_block = K;
@@ -451,7 +463,11 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     // products and sums; a target without vdpbf16ps then runs fp32's loops, where widening
     // bf16 in them took 1.4-1.5x the fp32 core's time on AVX2).
     const Type operand_type = bf16 && bf16_widened ? Float(32) : BFloat(16);
-    if (bf16) {
+    if (amx_tiles) {
+        f.keys = pair_rows("keys", keys_in_pairs("keys_in_pairs", k_heads, head_dim, s_k));
+        f.values = pair_rows("values", values_in_pairs("values_in_pairs", v_heads, head_dim, s_k));
+        f.queries = queries_bf16("queries", q_heads, head_dim, s_q);
+    } else if (bf16) {
         f.keys = keys_in_pairs("keys", k_heads, head_dim, s_k, operand_type);
         f.values = values_in_pairs("values", v_heads, head_dim, s_k, operand_type);
         f.queries = queries_bf16("queries", q_heads, head_dim, s_q, operand_type);
@@ -477,17 +493,31 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     f.key_is_real = Func{"key_is_real"};
     f.key_is_real(j, b) = cast<int32_t>(j < s_k && key_padding_mask(last(j, s_k), b) != 0);
     f.causal = causal;
+    f.head_dim = head_dim;
     Expr kept = f.key_is_real(key, b) != 0 && !(causal && key > query + (s_k - s_q));
 
     f.dot = Func{"dot"};
-    f.dot(kl, kc, qi, qb, kb, h, b) = 0.0f;
     Expr key_of_dot = kb * K + kc * C + kl;
-    if (bf16) {
+    if (amx_tiles) {
+        // 16 × 16 tiles of (key, query), each summed over kAmxTileStep head features a step
+        // (Halide's AMX lowering: rows of Q as they lie, and K's rows of head-feature pairs,
+        // 16 keys' pairs a row), the features padded to whole steps (Q and K are zero past d).
+        Var key_in_tile{"key_in_tile"}, key_tile{"key_tile"};
+        f.e = RDom(0, (head_dim + kAmxTileStep - 1) / kAmxTileStep * kAmxTileStep, "e");
+        Expr key = kb * K + kc * C + kAmxTileColumns * key_tile + key_in_tile;
+        f.dot_tile = Func{"dot_tile"};
+        f.dot_tile(key_in_tile, key_tile, qi, kc, qb, kb, h, b) = 0.0f;
+        f.dot_tile(key_in_tile, key_tile, qi, kc, qb, kb, h, b) +=
+            cast<float>(f.queries(f.e, h, query, b)) * cast<float>(f.keys(2 * key + f.e % 2, f.e / 2, h, b));
+        f.dot(kl, kc, qi, qb, kb, h, b) = f.dot_tile(kl % kAmxTileColumns, kl / kAmxTileColumns, qi, kc, qb, kb, h, b);
+    } else if (bf16) {
+        f.dot(kl, kc, qi, qb, kb, h, b) = 0.0f;
         // Pairs of head features: bf16 products, exact in f32, summed in f32 (vdpbf16ps).
         f.e = RDom({{0, 2}, {0, (head_dim + 1) / 2}}, "e");
         f.dot(kl, kc, qi, qb, kb, h, b) += cast<float>(f.queries(2 * f.e.y + f.e.x, h, query, b)) *
                                            cast<float>(f.keys(f.e.x, key_of_dot, f.e.y, h, b));
     } else {
+        f.dot(kl, kc, qi, qb, kb, h, b) = 0.0f;
         f.e = RDom(0, head_dim, "e");
         f.dot(kl, kc, qi, qb, kb, h, b) += q_heads(f.e, h, last(query, s_q), b) * f.keys(key_of_dot, f.e, h, b);
     }
@@ -543,8 +573,25 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     f.block_sum(qi, qb, kb, h, b) = 0.0f;
     f.block_sum(qi, qb, kb, h, b) += weight;
     f.block_context = Func{"block_context"};
-    f.block_context(e, qi, qb, kb, h, b) = 0.0f;
-    if (bf16) {
+    if (amx_tiles) {
+        // 16 × 16 tiles of (head feature, query), each summed over a chunk's kAmxTileStep keys a
+        // step (the rows of exponentials as they lie, and V's rows of key pairs, 16 head
+        // features' pairs a row), over the chunks visited: past them the exponentials are
+        // never computed.
+        Var feature_in_tile{"feature_in_tile"}, feature_tile{"feature_tile"};
+        f.key_pairs = RDom({{0, C}, {0, blocking.chunks()}}, "key_pairs");
+        const RVar &in_chunk = f.key_pairs.x, &pair_chunk = f.key_pairs.y;
+        if (blocking.chunks() > 1) f.key_pairs.where(chunk_visited(pair_chunk));
+        Expr key = kb * K + pair_chunk * C + in_chunk;
+        f.context_tile = Func{"context_tile"};
+        f.context_tile(feature_in_tile, feature_tile, qi, qb, kb, h, b) = 0.0f;
+        f.context_tile(feature_in_tile, feature_tile, qi, qb, kb, h, b) +=
+            cast<float>(f.block_exp(in_chunk, pair_chunk, qi, qb, kb, h, b)) *
+            cast<float>(f.values(2 * (kAmxTileColumns * feature_tile + feature_in_tile) + key % 2, key / 2, h, b));
+        f.block_context(e, qi, qb, kb, h, b) =
+            f.context_tile(e % kAmxTileColumns, e / kAmxTileColumns, qi, qb, kb, h, b);
+    } else if (bf16) {
+        f.block_context(e, qi, qb, kb, h, b) = 0.0f;
         // Pairs of keys: (pair, key_pair_in_chunk, chunk), the key chunk·C + 2·key_pair + pair.
         f.key_pairs = RDom({{0, 2}, {0, C / 2}, {0, blocking.chunks()}}, "key_pairs");
         const RVar &p = f.key_pairs.x, &lane_pair = f.key_pairs.y, &pair_chunk = f.key_pairs.z;
@@ -553,6 +600,7 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
             cast<float>(f.block_exp(2 * lane_pair + p, pair_chunk, qi, qb, kb, h, b)) *
             cast<float>(f.values(p, e, (kb * K + pair_chunk * C) / 2 + lane_pair, h, b));
     } else {
+        f.block_context(e, qi, qb, kb, h, b) = 0.0f;
         f.block_context(e, qi, qb, kb, h, b) += weight * f.values(e, key, h, b);
     }
 
@@ -708,7 +756,7 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         l.flash = flash_attention(q_heads, k_heads, v_heads, key_padding_mask, l.key_end, in.bias, in.bias_keys,
                                   in.causal, head_dim,
                                   in.s_q, in.s_k, in.blocking, packed ? l.packed.length : Func(),
-                                  in.core_precision, in.bf16_widened);
+                                  in.core_precision, in.bf16_widened, in.amx_core);
         ctx = l.flash.ctx;
     }
     if (packed) {

@@ -159,10 +159,13 @@ Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Hal
               Halide::Type out_type = Halide::Float(32), int panel = 0,  // panel: WeightLayout::panels, ::grouped
               bool amx_tiles = false);
 
-// The outputs of an AMX tile (16 f32 or i32 columns), and the input features one tile product
-// sums (16 rows of 4 bytes: 32 bf16 pairs, 64 int8 quads).
+// The outputs of an AMX tile (16 f32 or i32 columns), and the input features (or keys) one tile
+// product sums here: 32, a bf16 tile's 16 rows of pairs, and an int8 tile's 8 rows of quads
+// (half the 64 it could: Halide 21's AMX lowering takes one tile shape a pipeline, and the
+// int8 layers' flash core sums bf16 tiles; with it they ran 1.13-1.53x as fast as with their
+// 64-feature tiles and the core in f32 vectors on an Intel Xeon VM, docs/measurements.md).
 constexpr int kAmxTileColumns = 16;
-inline int amx_tile_features(Precision precision) { return kAmxTileColumns * features_a_group(precision); }
+constexpr int kAmxTileStep = 2 * kAmxTileColumns;
 // The rows a panel of a grouped weight (WeightLayout::grouped) holds: its input features'
 // groups, rounded up to an AMX tile's 16 rows (zeros past the features), so that every panel
 // holds whole tiles (the runtime's ReducedWeights lays them out so).
@@ -203,6 +206,11 @@ Halide::Func keys_in_pairs(const std::string &name, Halide::Func k_heads, Halide
 // last key's (its weight is zero).
 Halide::Func values_in_pairs(const std::string &name, Halide::Func v_heads, Halide::Expr head_dim, Halide::Expr s_k,
                              Halide::Type operand_type = Halide::BFloat(16));
+
+// A Func of pairs, (pair, along, outer, head, batch), as rows of pairs: (2·along + pair, outer,
+// head, batch), one dimension (AMX tiles' operand: Halide 21's lowering matches a row stride
+// that is one factor, which the two dimensions' 2·extent is not).
+Halide::Func pair_rows(const std::string &name, Halide::Func pairs);
 
 // scores(j, i, h, b) = Q[b,i,h,:]·K[b,j,h,:] / √d + bias(j, i, h, b). In bf16 (precision), Q
 // and K are rounded to bf16 and the products summed in f32 a pair of head features at a time.
@@ -256,7 +264,9 @@ struct OutputLayerNorm {
     // bf16: the context rounded to bf16, by feature (hidden, seq, batch), and the GEMM as a
     // Linear over it (bias zero), whose product is `projection`; undefined in fp32. int8:
     // context_rounded is the context by feature in f32, quantized as `context_quantized`.
+    // Zeros, then an update over context_features, (head_dim, head), writing h·d + e.
     Halide::Func context_rounded;
+    Halide::RDom context_features;
     QuantizedRows context_quantized;
     Linear rounded;
     Halide::Func projection;         // (hidden, seq, batch): ctx · W_oᵀ, the GEMM
@@ -311,13 +321,16 @@ Halide::Func last_real_key(Halide::Func key_padding_mask, Halide::Expr s_k);
 struct FlashAttention {
     Precision precision;       // fp32 or bf16
     // fp32: (key, head_dim, head, batch), K packed per head, keys innermost. bf16:
-    // (pair, key, head_dim_pair, head, batch), K[key, 2·head_dim_pair + pair] rounded, zero past d.
+    // (pair, key, head_dim_pair, head, batch), K[key, 2·head_dim_pair + pair] rounded, zero past d;
+    // with AMX tiles, those as rows of pairs (pair_rows): (2·key + pair, head_dim_pair, head, batch).
     Halide::Func keys;
     // fp32: (head_dim, key, head, batch), V packed per head. bf16: (pair, head_dim, key_pair,
-    // head, batch), V[2·key_pair + pair, head_dim] rounded.
+    // head, batch), V[2·key_pair + pair, head_dim] rounded; with AMX tiles, as rows of pairs
+    // (2·head_dim + pair, key_pair, head, batch).
     Halide::Func values;
     Halide::Func queries;      // bf16: (head_dim, head, query, batch), Q rounded; undefined in fp32
     Halide::Func key_is_real;  // (key, batch): 1 for a real token within s_k, else 0 (int32), for whole blocks
+    Halide::Expr head_dim;     // d
     Halide::Expr causal;       // the causal mask's switch, which a schedule may specialize on
     Halide::Expr one_key_block;  // s_k <= key_block: no query block visits a second key block (likewise)
     // Per (key_in_chunk, key_chunk, query_in_block, query_block, key_block, head, batch):
@@ -334,8 +347,17 @@ struct FlashAttention {
     Halide::RDom e;              // the head dimension, for Q·Kᵀ (bf16: (pair, head_dim_pair))
     Halide::RDom key_in_block;   // (key_in_chunk, key_chunk): the chunks of a block a query block may see
     Halide::RDom key_pairs;      // bf16: (pair, key pair in chunk, key_chunk), key_in_block's keys in pairs, for P·V
+                                 // (AMX tiles: (key in chunk, key_chunk))
     Halide::RDom key_blocks;     // the key blocks visited
     Blocking blocking;
+    // AMX tiles (amx_tiles: a bf16 core on a target with AMX): dot is dot_tile(key % 16,
+    // key / 16, query_in_block, key_chunk, ...), 16 × 16 tiles of scores summed over the head
+    // features (e, padded to whole steps of kAmxTileStep), and block_context is
+    // context_tile(e % 16, e / 16, query_in_block, ...), 16 × 16 tiles of the context summed over
+    // each visited chunk of kAmxTileStep keys (key_pairs: (key in chunk, key_chunk)). The
+    // operands are rows as they lie: Q's and the exponentials' rows, and K's and V's rows of
+    // pairs (keys, values), as Halide's AMX lowering matches them.
+    Halide::Func dot_tile, context_tile;
 };
 // bias_keys: the bias buffer's extent along keys, S_k or more (an absent bias's row of zeros
 // reaches past S_k, so that the last chunk of keys reads it without clamping).
@@ -343,9 +365,11 @@ FlashAttention flash_attention(Halide::Func q_heads, Halide::Func k_heads, Halid
                                Halide::Func key_padding_mask, Halide::Func key_end, Halide::Func bias,
                                Halide::Expr bias_keys, Halide::Expr causal, Halide::Expr head_dim, Halide::Expr s_q, Halide::Expr s_k,
                                Blocking blocking, Halide::Func query_end = Halide::Func(),
-                               Precision precision = Precision::fp32, bool bf16_widened = false);
+                               Precision precision = Precision::fp32, bool bf16_widened = false,
+                               bool amx_tiles = false);
 // (bf16_widened: a bf16 core's Q, K, V and exponentials held as the f32 values they round to,
-// for a target without vdpbf16ps; the same products and sums.)
+// for a target without vdpbf16ps; the same products and sums. amx_tiles: a bf16 core's
+// products in AMX tiles, key_chunk kAmxTileStep and query_block a multiple of 16.)
 
 // Packed variable-length sequences (DESIGN.md): the tokens of B sequences one after
 // another, sequence b being the token rows [offsets(b), offsets(b + 1)). The projections
@@ -406,6 +430,7 @@ struct LayerInputs {
     Int8Sum int8_sum = Int8Sum::quads;  // int8: how the products are summed (the target's instructions)
     Halide::Func key_padding_mask;  // (key, batch)
     bool amx_tiles = false;             // bf16, int8: the four projections in AMX tiles (Linear::amx_tile)
+    bool amx_core = false;              // a bf16 flash core's products in AMX tiles (flash_attention's amx_tiles)
     Halide::Func bias;              // (key, query, head, batch)
     Halide::Expr bias_keys;         // the bias's extent along keys, S_k or more (flash_attention)
     Halide::Expr causal, heads, eps, hidden, s_q, s_k;

@@ -80,17 +80,25 @@ public:
                 attn_sched::manual_parameter_for(t, "gpu_query_lanes", gpu_query_lanes),
                 attn_sched::manual_parameter_for(t, "gpu_thread_queries", gpu_thread_queries)};
     }
-    attn_gen::Blocking blocking() const {
+    // The flash core's blocks; its chunks of keys are a bf16 AMX tile product's with amx_core.
+    attn_gen::Blocking blocking(bool amx_core = false) const {
         const Halide::Target &t = this->get_target();
         return {attn_sched::manual_parameter_for(t, "query_block", query_block),
                 attn_sched::manual_parameter_for(t, "key_block", key_block),
-                attn_sched::key_chunk(t, attn_sched::manual_parameter_for(t, "tile_vectors", tile_vectors))};
+                amx_core ? kAmxTileStep
+                         : attn_sched::key_chunk(t, attn_sched::manual_parameter_for(t, "tile_vectors", tile_vectors))};
+    }
+    // A bf16 flash core's products in AMX tiles (flash_attention's amx_tiles), where the target has them.
+    bool amx_core(Precision core_precision) const {
+        return core_precision == Precision::bf16 && attn_sched::amx_tiles(this->get_target());
     }
     // How the reduced precisions' products are written for the target's instructions: a bf16
-    // flash core's operands as f32 values where the CPU has no vdpbf16ps (flash_attention's
-    // bf16_widened), and int8 in quads (vpdpbusd) or in 16-bit pairs (attn_gen::Int8Sum).
-    bool bf16_widened() const {
-        return !this->get_target().has_gpu_feature() && !attn_sched::native_bf16(this->get_target());
+    // flash core's operands as f32 values where the CPU has neither vdpbf16ps nor the core's AMX
+    // tiles (flash_attention's bf16_widened), and int8 in quads (vpdpbusd) or in 16-bit pairs
+    // (attn_gen::Int8Sum).
+    bool bf16_widened(bool amx_core) const {
+        const Halide::Target &t = this->get_target();
+        return !t.has_gpu_feature() && !attn_sched::native_bf16(t) && !amx_core;
     }
     Int8Sum int8_sum() const {
         return attn_sched::native_int8(this->get_target()) ? Int8Sum::quads : Int8Sum::pairs_in_i16;

@@ -44,10 +44,10 @@ std::vector<RVar> rvars(const RDom &r) {
 // input_widened): bf16 storage, f32 arithmetic; the flash core holds its rounded operands as
 // f32 values (attn_gen::flash_attention's bf16_widened).
 //
-// Not on the AMX ISA (avx512_sapphirerapids), whose projections are AMX tiles: on an Intel
-// Xeon with AMX, avx512_zen4's vdpbf16ps layer took 1.33x the fp32 layer's time at B=1 S=384,
-// and the AMX layer with its flash core widened took 0.90 of its time with vdpbf16ps (0.99 ≈ at
-// S=128; docs/measurements.md, "AMX tiles"). avx512_zen4 keeps it (measured faster on Zen 4).
+// Not on the AMX ISA (avx512_sapphirerapids), whose projections and flash core are AMX tiles
+// (attn_gen::flash_attention's amx_tiles): on an Intel Xeon with AMX, avx512_zen4's vdpbf16ps
+// layer took 1.33x the fp32 layer's time at B=1 S=384 (docs/measurements.md, "AMX tiles").
+// avx512_zen4 keeps it (measured faster on Zen 4).
 bool native_bf16(const Target &target) {
     if (target.has_feature(Target::AVX512_SapphireRapids)) return false;
     return target.has_feature(Target::AVX512_Zen4) || target.has_feature(Target::AVX512_Zen5) ||
@@ -291,11 +291,10 @@ void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const T
         .reorder(t[0], t[2], t[1], t[3])
         .vectorize(t[0])
         .vectorize(t[2]);
-    const int features = attn_gen::amx_tile_features(l.precision);
     RVar ko{"ko"}, ki{"ki"};
     l.amx_tile.compute_at(stored, t[1]).store_in(MemoryType::AMXTile).vectorize(t[0]).vectorize(t[2]);
     l.amx_tile.update()
-        .split(l.k.x, ko, ki, features)
+        .split(l.k.x, ko, ki, attn_gen::kAmxTileStep)
         .reorder(ki, t[0], t[2], ko, t[1], t[3])
         .atomic()
         .vectorize(ki)
@@ -389,6 +388,23 @@ void schedule_pairs(Func pairs, LoopLevel at, const Target &target) {
     if (!native_bf16(target)) pairs.reorder_storage(along, p, outer);
 }
 
+// A flash core's products in AMX tiles (attn_gen::FlashAttention::dot_tile, context_tile),
+// as the projections' (schedule_amx_projection): each tile Func stored in MemoryType::AMXTile
+// and computed at a loop over the tiles of its wrapper (`.in()`), which copies it to memory: the
+// scores of a chunk of keys for the block's queries, 2 × Q/16 tiles at each chunk, and a key
+// block's context, d/16 × Q/16 tiles at each block.
+void schedule_amx_tiles(Func tile, RVar step_inner, RVar steps, LoopLevel at, int query_block, int tiles) {
+    const int side = attn_gen::kAmxTileColumns;
+    const std::vector<Var> t = tile.args();  // (lane, tile, query_in_block, ...)
+    Var rows{"rows"}, row{"row"};
+    Func stored = tile.in();
+    stored.compute_at(at).bound(t[0], 0, side).bound(t[2], 0, query_block);
+    if (tiles > 0) stored.bound(t[1], 0, tiles);
+    stored.split(t[2], rows, row, side).reorder(t[0], row, t[1], rows).vectorize(t[0]).vectorize(row);
+    tile.compute_at(stored, t[1]).store_in(MemoryType::AMXTile).vectorize(t[0]).vectorize(t[2]);
+    tile.update().reorder(step_inner, t[0], t[2], steps).atomic().vectorize(step_inner).vectorize(t[0]).vectorize(t[2]);
+}
+
 // K packed per head, keys innermost (attn_gen::keys_transposed), in vw × vw tiles: K's vw
 // rows read as dense vectors of head features, interleaved in registers (Halide's interleave
 // of the tile's stores) into a small buffer, copied out as vectors of keys. A vector of keys
@@ -456,7 +472,16 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     Var so{"so"}, si{"si"};
     if (n.context_rounded.defined()) {
+        // Its zeros and then each row's heads, a task a block of rows. (Halide cannot prove the
+        // update's stores h·d + e distinct, as they are for e < d: hence allow_race_conditions.)
         schedule_rows(n.context_rounded, target);
+        n.context_rounded.update()
+            .allow_race_conditions()
+            .split(s, so, si, 16, kGuard)
+            .reorder(n.context_features.x, n.context_features.y, si, so, b)
+            .parallel(so)
+            .parallel(b)
+            .vectorize(n.context_features.x, vw, kGuard);
         if (n.context_quantized.values.defined()) schedule_quantized(n.context_quantized, target);
         if (n.rounded.amx_tile.defined()) {
             schedule_amx_projection(n.dense, n.rounded, LoopLevel::root(), target);
@@ -550,7 +575,24 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
     LoopLevel pair(f.ctx, head_batch), rows(f.ctx, io);
     key_end.compute_root();
     const bool bf16 = f.precision == attn_gen::Precision::bf16;
-    if (bf16) {
+    if (f.dot_tile.defined()) {
+        // K and V as rows of pairs (attn_gen::pair_rows), per head, as the AMX tiles read them:
+        // each pair's two vectors of keys (or features) read, and stored interleaved (read as
+        // 2·vw lanes of a row, each lane's index halved, they were gathers).
+        for (Func pair_rows : {f.keys, f.values}) {
+            Var along{"along"}, in_pair{"in_pair"};
+            pair_rows.compute_at(pair)
+                .split(pair_rows.args()[0], along, in_pair, 2, TailStrategy::RoundUp)
+                .reorder(in_pair, along)
+                .unroll(in_pair)
+                .vectorize(along, vw, kGuard);
+        }
+        // The context from the first head feature, whatever its consumer's first, so that V's
+        // rows are too: the tiles' loads then index them without an offset, as Halide's AMX
+        // lowering matches them.
+        f.ctx.bound(e, 0, f.head_dim);
+        f.queries.compute_at(rows).vectorize(e, vw, kGuard);
+    } else if (bf16) {
         // K and V rounded in pairs (attn_gen::FlashAttention::keys, values), per head.
         schedule_pairs(f.keys, pair, target);
         schedule_pairs(f.values, pair, target);
@@ -571,6 +613,7 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
     // Up to key_block keys (BERT's 128-512) the one block's merge is a copy: no exponential.
     f.running.update().specialize(f.one_key_block);
     LoopLevel step(f.running, key_block);
+    const bool amx = f.dot_tile.defined();
     f.scores.compute_at(step).store_in(MemoryType::Stack);
     f.scores.update()
         .split(qi, qo, qii, t.tile_rows, kGuard)
@@ -578,7 +621,16 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
         .vectorize(lane, vw)
         // (A block of one chunk has nothing to split off.)
         .partition(f.key_in_block.y, f.blocking.chunks() > 1 ? Partition::Always : Partition::Auto);
-    register_tile(f.dot, kl, qi, rvars(f.e), f.blocking.key_chunk, LoopLevel(f.scores, qo), t, target, f.precision);
+    if (amx) {
+        // A chunk's scores, its tiles copied to memory before the loop over its rows reads them.
+        RVar eo{"eo"}, ei{"ei"};
+        f.dot_tile.update().split(f.e.x, eo, ei, attn_gen::kAmxTileStep);
+        schedule_amx_tiles(f.dot_tile, ei, eo, LoopLevel(f.scores, f.key_in_block.y), f.blocking.query_block,
+                           f.blocking.key_chunk / attn_gen::kAmxTileColumns);
+    } else {
+        register_tile(f.dot, kl, qi, rvars(f.e), f.blocking.key_chunk, LoopLevel(f.scores, qo), t, target,
+                      f.precision);
+    }
     Func max_partials = vectorized_row_reduction(f.block_max, lane, step, target);
     if (bf16) f.block_offset.compute_at(step).store_in(MemoryType::Stack);
     f.block_exp.compute_at(step).store_in(MemoryType::Stack);
@@ -588,6 +640,7 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
     // and a pack to 16 bits, about a sixth of the exponentials' loop).
     for (Stage masked : {max_partials.update(), f.block_exp.update()}) masked.specialize(!f.causal);
     vectorized_row_reduction(f.block_sum, lane, step, target);
+    if (amx) return schedule_amx_tiles(f.context_tile, f.key_pairs.x, f.key_pairs.y, step, f.blocking.query_block, 0);
     // P·V's keys (or pairs of keys) in one loop over the block, not a loop per chunk inside a
     // loop over chunks: the loop over chunks bounds the visited ones all the same, and its
     // overhead (spills and reloads of the tile's pointers every 24 keys) goes.

@@ -6,8 +6,8 @@ vpdpbusd, in each of its register tiles (manifest.json: register_tiles); one bui
 fallback) must use none, and no AVX-512 register either, so that it runs where AVX-512 does not; an int8 fallback
 must use vpmaddubsw in each of its register tiles instead (its pairs summed in 16 bits, attn_gen::Int8Sum). On an
 ISA with AMX (avx512_sapphirerapids), a layer's four projections are AMX tile products instead (tdpbf16ps, tdpbusd:
-at least 4 in all, one a projection), and its core's register tiles widen bf16 to f32; elsewhere no tile
-instruction.
+at least 4 in all, one a projection), and so are its flash core's QKᵀ and P·V (tdpbf16ps, at least 2), and the
+core alone's; elsewhere no tile instruction.
 
     python3 tools/isa_check.py --build build/release          # every bf16 and int8 object this build made
     python3 tools/isa_check.py --build build/release --show   # and the counts per object
@@ -28,10 +28,11 @@ import manifest  # noqa: E402
 # (manifest.json's cpu_features name), and the fallback's instruction (None: plain f32 arithmetic).
 INSTRUCTIONS = {"bf16": ("vdpbf16ps", "avx512bf16", None), "int8": ("vpdpbusd", "avx512vnni", "vpmaddubsw")}
 # On an ISA with AMX (its feature per precision), a layer's four projections are AMX tile
-# products (attn_gen::Linear::amx_tile) instead of register tiles: at least one tile instruction
-# each (its core's register tiles widen bf16 to f32 there, as a fallback's do).
+# products (attn_gen::Linear::amx_tile) instead of register tiles, and its bf16 flash core's two
+# products too (attn_gen::FlashAttention::dot_tile, context_tile): at least one tile instruction each.
 AMX = {"bf16": ("tdpbf16ps", "amx-bf16"), "int8": ("tdpbusd", "amx-int8")}
 AMX_PROJECTIONS = 4
+AMX_CORE = ("tdpbf16ps", 2)
 
 
 def count(disassembly, pattern):
@@ -58,22 +59,30 @@ def check(m, build, arch, show):
         defaults = {p["name"]: p["default"] for p in m.data["manual_parameters"]}
         tiles = m.functions[lib["function"]]["register_tiles"]
         tile_instruction, amx_feature = AMX[precision]
-        amx = amx_feature in m.isas[lib["isa"]]["cpu_features"] and lib["generator"] == "attention_layer"
-        tile_dot = count(text, rf"\b{tile_instruction}\b")
+        layer = lib["generator"] == "attention_layer"
+        amx = amx_feature in m.isas[lib["isa"]]["cpu_features"] and (layer or lib["generator"] == "attention_core")
+        # The tile products an AMX layer needs, per instruction: its projections' and its core's.
+        core_instruction, core_tiles = AMX_CORE
+        tiles_needed = {tile_instruction: AMX_PROJECTIONS if layer else 0}
+        tiles_needed[core_instruction] = tiles_needed.get(core_instruction, 0) + core_tiles
+        tile_counts = {i: count(text, rf"\b{i}\b") for i in tiles_needed}
         if amx:
-            # (the projections' tiles are AMX's; the core's widen bf16 to f32 there: FMA, not
-            # vdpbf16ps, schedules/cpu_manual.cpp's native_bf16)
+            # (every product is an AMX tile's there: no register tile has vdpbf16ps or vpdpbusd,
+            # schedules/cpu_manual.cpp's native_bf16)
             tiles, native = [], False
         needed = sum(defaults["tile_rows"] * defaults[t] for t in tiles)
         checked += 1
         if show:
-            print(f"{lib['name']}: {dot} {instruction}, {fallback_dot} {fallback or '-'}, {tile_dot} {tile_instruction}, "
+            tile_text = ", ".join(f"{n} {i}" for i, n in tile_counts.items())
+            print(f"{lib['name']}: {dot} {instruction}, {fallback_dot} {fallback or '-'}, {tile_text}, "
                   f"{zmm} zmm operands ({'AMX' if amx else 'native' if native else 'fallback'})")
-        if amx and tile_dot < AMX_PROJECTIONS:
-            failures.append(f"{path.name}: {tile_dot} {tile_instruction}, expected at least {AMX_PROJECTIONS} (its "
-                            f"projections' tiles) on {lib['isa']}, which has {amx_feature}")
-        if not amx and tile_dot:
-            failures.append(f"{path.name}: {tile_dot} {tile_instruction} on {lib['isa']}, which lacks {amx_feature}")
+        for i, n in tile_counts.items():
+            if amx and n < tiles_needed[i]:
+                failures.append(f"{path.name}: {n} {i}, expected at least {tiles_needed[i]} (its projections' "
+                                f"{AMX_PROJECTIONS} {tile_instruction} and its flash core's QKᵀ and P·V, "
+                                f"{core_tiles} {core_instruction}) on {lib['isa']}, which has {amx_feature}")
+            if not amx and n:
+                failures.append(f"{path.name}: {n} {i} on {lib['isa']}, whose {lib['function']} has no AMX tiles")
         if native and dot < needed:
             failures.append(f"{path.name}: {dot} {instruction}, expected at least {needed} (its {len(tiles)} register "
                             f"tiles) on {lib['isa']}, which has {feature}")
