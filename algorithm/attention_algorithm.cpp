@@ -579,14 +579,14 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
         // features' pairs a row), over the chunks visited: past them the exponentials are
         // never computed.
         Var feature_in_tile{"feature_in_tile"}, feature_tile{"feature_tile"};
-        f.key_pairs = RDom({{0, C}, {0, blocking.chunks()}}, "key_pairs");
-        const RVar &in_chunk = f.key_pairs.x, &pair_chunk = f.key_pairs.y;
-        if (blocking.chunks() > 1) f.key_pairs.where(chunk_visited(pair_chunk));
-        Expr key = kb * K + pair_chunk * C + in_chunk;
+        f.chunk_keys = RDom({{0, C}, {0, blocking.chunks()}}, "chunk_keys");
+        const RVar &in_chunk = f.chunk_keys.x, &key_chunk = f.chunk_keys.y;
+        if (blocking.chunks() > 1) f.chunk_keys.where(chunk_visited(key_chunk));
+        Expr key = kb * K + key_chunk * C + in_chunk;
         f.context_tile = Func{"context_tile"};
         f.context_tile(feature_in_tile, feature_tile, qi, qb, kb, h, b) = 0.0f;
         f.context_tile(feature_in_tile, feature_tile, qi, qb, kb, h, b) +=
-            cast<float>(f.block_exp(in_chunk, pair_chunk, qi, qb, kb, h, b)) *
+            cast<float>(f.block_exp(in_chunk, key_chunk, qi, qb, kb, h, b)) *
             cast<float>(f.values(2 * (kAmxTileColumns * feature_tile + feature_in_tile) + key % 2, key / 2, h, b));
         f.block_context(e, qi, qb, kb, h, b) =
             f.context_tile(e % kAmxTileColumns, e / kAmxTileColumns, qi, qb, kb, h, b);

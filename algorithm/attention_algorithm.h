@@ -315,9 +315,10 @@ Halide::Func last_real_key(Halide::Func key_padding_mask, Halide::Expr s_k);
 // and int8 layers' projections store them already rounded: the casts are then no-ops), and so are
 // the exponentials, which P·V and the sums take as rounded: QKᵀ sums pairs of head
 // features and P·V pairs of keys, bf16 products summed in f32 (vdpbf16ps where the target
-// has it). The exponentials are taken from the block's max rounded up to a multiple of ln 2
-// (block_offset), so that each weight is exp(score) times a power of 2 and rounds to bf16 the
-// same whatever the blocking (DESIGN.md, "Reduced precision").
+// has it, AMX tiles where it has those: amx_tiles). The exponentials are taken from the
+// block's max rounded up to a multiple of ln 2 (block_offset), so that each weight is
+// exp(score) times a power of 2 and rounds to bf16 the same whatever the blocking (DESIGN.md,
+// "Reduced precision").
 struct FlashAttention {
     Precision precision;       // fp32 or bf16
     // fp32: (key, head_dim, head, batch), K packed per head, keys innermost. bf16:
@@ -344,17 +345,18 @@ struct FlashAttention {
     Halide::Func running;        // (head_dim, query_in_block, query_block, head, batch): Tuple(context, max or offset, sum)
     Halide::Func block_result;   // (head_dim, query_in_block, query_block, head, batch): context / sum
     Halide::Func ctx;            // (head_dim, head, query, batch): block_result by query, as WeightedSum's ctx
-    Halide::RDom e;              // the head dimension, for Q·Kᵀ (bf16: (pair, head_dim_pair))
+    Halide::RDom e;              // the head dimension, for Q·Kᵀ (bf16: (pair, head_dim_pair); AMX tiles: d
+                                 // padded to whole steps of kAmxTileStep)
     Halide::RDom key_in_block;   // (key_in_chunk, key_chunk): the chunks of a block a query block may see
     Halide::RDom key_pairs;      // bf16: (pair, key pair in chunk, key_chunk), key_in_block's keys in pairs, for P·V
-                                 // (AMX tiles: (key in chunk, key_chunk))
+    Halide::RDom chunk_keys;     // AMX tiles: (key in chunk, key_chunk), the chunks visited, for P·V
     Halide::RDom key_blocks;     // the key blocks visited
     Blocking blocking;
     // AMX tiles (amx_tiles: a bf16 core on a target with AMX): dot is dot_tile(key % 16,
     // key / 16, query_in_block, key_chunk, ...), 16 × 16 tiles of scores summed over the head
     // features (e, padded to whole steps of kAmxTileStep), and block_context is
     // context_tile(e % 16, e / 16, query_in_block, ...), 16 × 16 tiles of the context summed over
-    // each visited chunk of kAmxTileStep keys (key_pairs: (key in chunk, key_chunk)). The
+    // each visited chunk of kAmxTileStep keys (chunk_keys). The
     // operands are rows as they lie: Q's and the exponentials' rows, and K's and V's rows of
     // pairs (keys, values), as Halide's AMX lowering matches them.
     Halide::Func dot_tile, context_tile;

@@ -91,7 +91,7 @@ public:
         in.weight_panel = weight_panel();
         if (weight_scales) in.weight_scales = *weight_scales;
         if (precision == Precision::int8) in.int8_sum = int8_sum();
-        in.amx_tiles = precision != Precision::fp32 && attn_sched::amx_tiles(get_target());
+        in.amx_tiles = amx_projections(precision);
         in.bias = bias;
         in.bias_keys = bias.dim(0).extent();
         in.causal = causal, in.heads = heads, in.eps = eps;

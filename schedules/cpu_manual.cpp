@@ -64,7 +64,8 @@ bool native_int8(const Target &target) {
 }
 
 // Whether the target has AMX's tile instructions (Halide's avx512_sapphirerapids: tdpbf16ps,
-// tdpbusd), which the bf16 and int8 layers' projections then use (attn_gen::Linear::amx_tile).
+// tdpbusd), which the bf16 and int8 layers' projections then use (attn_gen::Linear::amx_tile),
+// and a bf16 flash core's QKᵀ and P·V (attn_gen::FlashAttention::dot_tile, context_tile).
 bool amx_tiles(const Target &target) { return target.has_feature(Target::AVX512_SapphireRapids); }
 
 namespace {
@@ -548,9 +549,10 @@ namespace {
 // The flash core (attn_gen::FlashAttention): the (head, batch) pairs run in parallel
 // (and their query blocks too on many threads); each packs its head's K once, then for
 // each block of query rows visits the key blocks one after another, each computing its
-// scores (register tiles of one chunk of keys by tile_rows queries), their row max,
-// exponentials and row sum (vectorized across keys), its share of the weighted sum
-// (register tiles over V), then folding them into the running context. A block's scores
+// scores (register tiles of one chunk of keys by tile_rows queries, or with AMX 16 × 16 tiles:
+// schedule_amx_tiles), their row max, exponentials and row sum (vectorized across keys), its
+// share of the weighted sum (register tiles over V, or AMX tiles), then folding them into the
+// running context. A block's scores
 // and exponentials are query_block × key_block floats (on the stack), in L2 whatever S is.
 // The projections of K and V compute each batch's rows only up to the last key some query
 // may see (attn_gen::Linear::row).
@@ -574,8 +576,8 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
     f.ctx.specialize(kernel_threads() > kFewThreads).parallel(io);
     LoopLevel pair(f.ctx, head_batch), rows(f.ctx, io);
     key_end.compute_root();
-    const bool bf16 = f.precision == attn_gen::Precision::bf16;
-    if (f.dot_tile.defined()) {
+    const bool bf16 = f.precision == attn_gen::Precision::bf16, amx = f.dot_tile.defined();
+    if (amx) {
         // K and V as rows of pairs (attn_gen::pair_rows), per head, as the AMX tiles read them:
         // each pair's two vectors of keys (or features) read, and stored interleaved (read as
         // 2·vw lanes of a row, each lane's index halved, they were gathers), vw of them at a
@@ -618,7 +620,6 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
     // Up to key_block keys (BERT's 128-512) the one block's merge is a copy: no exponential.
     f.running.update().specialize(f.one_key_block);
     LoopLevel step(f.running, key_block);
-    const bool amx = f.dot_tile.defined();
     f.scores.compute_at(step).store_in(MemoryType::Stack);
     f.scores.update()
         .split(qi, qo, qii, t.tile_rows, kGuard)
@@ -645,7 +646,7 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
     // and a pack to 16 bits, about a sixth of the exponentials' loop).
     for (Stage masked : {max_partials.update(), f.block_exp.update()}) masked.specialize(!f.causal);
     vectorized_row_reduction(f.block_sum, lane, step, target);
-    if (amx) return schedule_amx_tiles(f.context_tile, f.key_pairs.x, f.key_pairs.y, step, f.blocking.query_block, 0);
+    if (amx) return schedule_amx_tiles(f.context_tile, f.chunk_keys.x, f.chunk_keys.y, step, f.blocking.query_block, 0);
     // P·V's keys (or pairs of keys) in one loop over the block, not a loop per chunk inside a
     // loop over chunks: the loop over chunks bounds the visited ones all the same, and its
     // overhead (spills and reloads of the tile's pointers every 24 keys) goes.

@@ -6,8 +6,8 @@ vpdpbusd, in each of its register tiles (manifest.json: register_tiles); one bui
 fallback) must use none, and no AVX-512 register either, so that it runs where AVX-512 does not; an int8 fallback
 must use vpmaddubsw in each of its register tiles instead (its pairs summed in 16 bits, attn_gen::Int8Sum). On an
 ISA with AMX (avx512_sapphirerapids), a layer's four projections are AMX tile products instead (tdpbf16ps, tdpbusd:
-at least 4 in all, one a projection), and so are its flash core's QKᵀ and P·V (tdpbf16ps, at least 2), and the
-core alone's; elsewhere no tile instruction.
+at least 4 in all, one a projection), and so are its flash core's QKᵀ and P·V (tdpbf16ps, at least 2 in the
+core's parallel tasks), and the core alone's; elsewhere no tile instruction.
 
     python3 tools/isa_check.py --build build/release          # every bf16 and int8 object this build made
     python3 tools/isa_check.py --build build/release --show   # and the counts per object
@@ -30,13 +30,32 @@ INSTRUCTIONS = {"bf16": ("vdpbf16ps", "avx512bf16", None), "int8": ("vpdpbusd", 
 # On an ISA with AMX (its feature per precision), a layer's four projections are AMX tile
 # products (attn_gen::Linear::amx_tile) instead of register tiles, and its bf16 flash core's two
 # products too (attn_gen::FlashAttention::dot_tile, context_tile): at least one tile instruction each.
+# The core's are those in its parallel tasks, the functions Halide names after its Func `ctx`.
 AMX = {"bf16": ("tdpbf16ps", "amx-bf16"), "int8": ("tdpbusd", "amx-int8")}
 AMX_PROJECTIONS = 4
 AMX_CORE = ("tdpbf16ps", 2)
+CORE_TASKS = re.compile(r"_par_for_ctx")
 
 
 def count(disassembly, pattern):
     return len(re.findall(pattern, disassembly))
+
+
+def count_by_function(disassembly, pattern, functions):
+    """The instructions matching `pattern` inside and outside the functions whose symbol
+    matches `functions`, as objdump lists them (a `<symbol>:` line opens each)."""
+    inside = outside = 0
+    current = ""
+    for line in disassembly.splitlines():
+        header = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
+        if header:
+            current = header.group(1)
+        elif re.search(pattern, line):
+            if functions.search(current):
+                inside += 1
+            else:
+                outside += 1
+    return inside, outside
 
 
 def check(m, build, arch, show):
@@ -61,11 +80,14 @@ def check(m, build, arch, show):
         tile_instruction, amx_feature = AMX[precision]
         layer = lib["generator"] == "attention_layer"
         amx = amx_feature in m.isas[lib["isa"]]["cpu_features"] and (layer or lib["generator"] == "attention_core")
-        # The tile products an AMX layer needs, per instruction: its projections' and its core's.
+        # The tile products an AMX function needs: its projections' (a layer's) outside the core's
+        # tasks, and its core's in them; none of either kind in the other's place.
         core_instruction, core_tiles = AMX_CORE
-        tiles_needed = {tile_instruction: AMX_PROJECTIONS if layer else 0}
-        tiles_needed[core_instruction] = tiles_needed.get(core_instruction, 0) + core_tiles
-        tile_counts = {i: count(text, rf"\b{i}\b") for i in tiles_needed}
+        core_dot, core_outside = count_by_function(text, rf"\b{core_instruction}\b", CORE_TASKS)
+        projection_inside, projection_dot = count_by_function(text, rf"\b{tile_instruction}\b", CORE_TASKS)
+        misplaced = 0 if core_instruction == tile_instruction else core_outside + projection_inside
+        tile_counts = {"projections": (projection_dot, tile_instruction, AMX_PROJECTIONS if layer else 0),
+                       "core": (core_dot, core_instruction, core_tiles)}
         if amx:
             # (every product is an AMX tile's there: no register tile has vdpbf16ps or vpdpbusd,
             # schedules/cpu_manual.cpp's native_bf16)
@@ -73,16 +95,19 @@ def check(m, build, arch, show):
         needed = sum(defaults["tile_rows"] * defaults[t] for t in tiles)
         checked += 1
         if show:
-            tile_text = ", ".join(f"{n} {i}" for i, n in tile_counts.items())
+            tile_text = ", ".join(f"{n} {i} ({where})" for where, (n, i, _) in tile_counts.items())
             print(f"{lib['name']}: {dot} {instruction}, {fallback_dot} {fallback or '-'}, {tile_text}, "
                   f"{zmm} zmm operands ({'AMX' if amx else 'native' if native else 'fallback'})")
-        for i, n in tile_counts.items():
-            if amx and n < tiles_needed[i]:
-                failures.append(f"{path.name}: {n} {i}, expected at least {tiles_needed[i]} (its projections' "
-                                f"{AMX_PROJECTIONS} {tile_instruction} and its flash core's QKᵀ and P·V, "
-                                f"{core_tiles} {core_instruction}) on {lib['isa']}, which has {amx_feature}")
+        for where, (n, i, needed_tiles) in tile_counts.items():
+            if amx and n < needed_tiles:
+                what = "its projections'" if where == "projections" else "its flash core's QKᵀ and P·V"
+                failures.append(f"{path.name}: {n} {i} in {where}, expected at least {needed_tiles} ({what} tiles) "
+                                f"on {lib['isa']}, which has {amx_feature}")
             if not amx and n:
                 failures.append(f"{path.name}: {n} {i} on {lib['isa']}, whose {lib['function']} has no AMX tiles")
+        if misplaced:
+            failures.append(f"{path.name}: {misplaced} {core_instruction} outside its flash core or "
+                            f"{tile_instruction} inside it")
         if native and dot < needed:
             failures.append(f"{path.name}: {dot} {instruction}, expected at least {needed} (its {len(tiles)} register "
                             f"tiles) on {lib['isa']}, which has {feature}")
