@@ -439,10 +439,10 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     if (bf16 && C % 2 != 0)
         _halide_user_error << "flash_attention: a bf16 core sums its keys in pairs, so key_chunk must be even, got "
                            << C << "\n";
+    // (The generator refuses a query_block that is no multiple of the tiles' rows, naming it.)
     if (amx_tiles && (!bf16 || bf16_widened || C != kAmxTileStep || Q % kAmxTileColumns != 0))
         _halide_user_error << "flash_attention: AMX tiles take a bf16 core's products in chunks of " << kAmxTileStep
-                           << " keys and blocks of a multiple of " << kAmxTileColumns << " queries, got key_chunk "
-                           << C << " and query_block " << Q << "\n";
+                           << " keys and blocks of a multiple of " << kAmxTileColumns << " queries\n";
     FlashAttention f;
     f.blocking = blocking;
     f.blocking.key_block = K;
