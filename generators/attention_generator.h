@@ -85,9 +85,9 @@ public:
         const Halide::Target &t = this->get_target();
         const int queries = attn_sched::manual_parameter_for(t, "query_block", query_block);
         if (amx_core && queries % kAmxTileColumns != 0)
-            throw Halide::CompileError("query_block=" + std::to_string(queries) +
-                                       ": the flash core's AMX tiles take " + std::to_string(kAmxTileColumns) +
-                                       " queries each: expected a multiple of " + std::to_string(kAmxTileColumns));
+            throw Halide::CompileError("query_block=" + std::to_string(queries) + ": the flash core's AMX tiles take " +
+                                       std::to_string(kAmxTileColumns) + " queries each: expected a multiple of " +
+                                       std::to_string(kAmxTileColumns));
         return {queries, attn_sched::manual_parameter_for(t, "key_block", key_block),
                 amx_core ? kAmxTileStep
                          : attn_sched::key_chunk(t, attn_sched::manual_parameter_for(t, "tile_vectors", tile_vectors))};
