@@ -258,6 +258,22 @@ void schedule_panel_gemm(Func out, Func weight_transposed, Func product, const s
     register_tile(product, o, s, reduction, panel, LoopLevel(out, so), t, target, precision);
 }
 
+// An AMX tile Func ((lane, tile, row, ...): attn_gen::Linear::amx_tile, FlashAttention::dot_tile,
+// context_tile) stored in MemoryType::AMXTile and computed at `stored`'s loop over its tiles:
+// `stored`, its wrapper (`.in()`), copies each tile to memory. One tile product a step of
+// `step_inner` (its reduction's inner lanes: 32 features or keys), the steps outside, as
+// Halide's AMX lowering (ExtractTileOperations) matches them.
+void amx_tile_products(Func tile, Func stored, RVar step_inner, RVar steps) {
+    const std::vector<Var> t = tile.args();
+    tile.compute_at(stored, t[1]).store_in(MemoryType::AMXTile).vectorize(t[0]).vectorize(t[2]);
+    tile.update()
+        .reorder(step_inner, t[0], t[2], steps, t[1])
+        .atomic()
+        .vectorize(step_inner)
+        .vectorize(t[0])
+        .vectorize(t[2]);
+}
+
 // A projection in AMX tiles (attn_gen::Linear::amx_tile): a task is a panel of 16 outputs,
 // which serves every row, a 16 × 16 tile of outputs at a time (16 rows: the most a tile
 // holds), each stored (amx_tile.in(), rows 32 floats apart: a whole-tile store, which Halide's
@@ -293,14 +309,8 @@ void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const T
         .vectorize(t[0])
         .vectorize(t[2]);
     RVar ko{"ko"}, ki{"ki"};
-    l.amx_tile.compute_at(stored, t[1]).store_in(MemoryType::AMXTile).vectorize(t[0]).vectorize(t[2]);
-    l.amx_tile.update()
-        .split(l.k.x, ko, ki, attn_gen::kAmxTileStep)
-        .reorder(ki, t[0], t[2], ko, t[1], t[3])
-        .atomic()
-        .vectorize(ki)
-        .vectorize(t[0])
-        .vectorize(t[2]);
+    l.amx_tile.update().split(l.k.x, ko, ki, attn_gen::kAmxTileStep);
+    amx_tile_products(l.amx_tile, stored, ki, ko);
     const int vw = vector_width(target);
     Var ko_rows{"ko_rows"}, ki_rows{"ki_rows"};
     l.amx_rows.compute_root()
@@ -390,10 +400,9 @@ void schedule_pairs(Func pairs, LoopLevel at, const Target &target) {
 }
 
 // A flash core's products in AMX tiles (attn_gen::FlashAttention::dot_tile, context_tile),
-// as the projections' (schedule_amx_projection): each tile Func stored in MemoryType::AMXTile
-// and computed at a loop over the tiles of its wrapper (`.in()`), which copies it to memory: the
-// scores of a chunk of keys for the block's queries, 2 × Q/16 tiles at each chunk, and a key
-// block's context, d/16 × Q/16 tiles at each block.
+// as the projections' (amx_tile_products), their wrapper computed at `at`: the scores of a chunk
+// of keys for the block's queries, 2 × Q/16 tiles at each chunk, and a key block's context,
+// d/16 × Q/16 tiles at each block.
 void schedule_amx_tiles(Func tile, RVar step_inner, RVar steps, LoopLevel at, int query_block, int tiles) {
     const int side = attn_gen::kAmxTileColumns;
     const std::vector<Var> t = tile.args();  // (lane, tile, query_in_block, ...)
@@ -402,8 +411,7 @@ void schedule_amx_tiles(Func tile, RVar step_inner, RVar steps, LoopLevel at, in
     stored.compute_at(at).bound(t[0], 0, side).bound(t[2], 0, query_block);
     if (tiles > 0) stored.bound(t[1], 0, tiles);
     stored.split(t[2], rows, row, side).reorder(t[0], row, t[1], rows).vectorize(t[0]).vectorize(row);
-    tile.compute_at(stored, t[1]).store_in(MemoryType::AMXTile).vectorize(t[0]).vectorize(t[2]);
-    tile.update().reorder(step_inner, t[0], t[2], steps).atomic().vectorize(step_inner).vectorize(t[0]).vectorize(t[2]);
+    amx_tile_products(tile, stored, step_inner, steps);
 }
 
 // K packed per head, keys innermost (attn_gen::keys_transposed), in vw × vw tiles: K's vw
