@@ -227,23 +227,40 @@ Func split_heads(const std::string &name, Func tensor, Expr head_dim) {
 namespace {
 Var pair{"pair"}, head_dim_pair{"head_dim_pair"}, key_pair{"key_pair"};
 Expr bf16_zero() { return cast(BFloat(16), 0.0f); }
-// x rounded to bf16, as `type` (bf16, or the f32 value it rounds to).
-Expr rounded_as(Type type, Expr x) { return cast(type, cast(BFloat(16), x)); }
+// f32 x rounded to bf16 (to nearest, ties to even), as `type` (bf16, or the f32 value it rounds to).
+// Written out as Halide's cast writes it, but not inside strict_float, which also denied x's
+// own arithmetic its fused multiply-adds (the exponentials' polynomial: 4.2e-6 relative error
+// instead of 4.3e-7, exp_nonpositive). With `instruction`, vcvtne2ps2bf16 (Bf16Core).
+Expr rounded_as(Type type, Expr x, bool instruction = false) {
+    if (x.type().is_bfloat()) return cast(type, x);  // (Q, K, V from projections that stored them rounded)
+    Expr bits;
+    if (instruction) {
+        bits = Internal::Call::make(UInt(16), "vcvtne2ps2bf16", {x}, Internal::Call::PureExtern);
+    } else {
+        Expr u = reinterpret<uint32_t>(x);
+        bits = cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    }
+    return cast(type, reinterpret(BFloat(16), bits));
+}
 }  // namespace
 
 Expr exp_nonpositive(Expr t) {
     const float log2e = 1.44269504088896341f, ln2 = 0.693147180559945309f;
-    Expr k = round(t * log2e);
+    // k = round(t·log2e), read from the low bits of t·log2e + 1.5·2^23 (whose ulp is 1): an
+    // add in place of a rounding, which Halide 21 makes two 8-lane vroundps and a shuffle on
+    // AVX-512, and a conversion to int. Those bits, shifted into the exponent, give 2^k.
+    Expr shifted = reinterpret<uint32_t>(t * log2e + 12582912.0f);  // 0x4B400000 + k
+    Expr k = cast<float>(reinterpret<int32_t>(shifted) - 0x4B400000);
     Expr r = t - k * ln2;
     Expr p = ((((0.008297655f * r + 0.04191538f) * r + 0.16667575f) * r + 0.49998894f) * r + 0.9999997f) * r + 1.0000001f;
-    return p * reinterpret<float>((cast<int32_t>(k) + 127) << 23);
+    return p * reinterpret<float>((shifted << 23) + cast<uint32_t>(127 << 23));
 }
 
 Func queries_bf16(const std::string &name, Func q_heads, Expr head_dim, Expr s_q, Type operand_type) {
     const Var &e = dims.head_dim, &h = dims.head, &i = dims.query, &b = dims.batch;
     Func q{name};
     q(e, h, i, b) = select(e < head_dim, rounded_as(operand_type, q_heads(last(e, head_dim), h, last(i, s_q), b)),
-                           rounded_as(operand_type, 0.0f));
+                           cast(operand_type, bf16_zero()));
     return q;
 }
 
@@ -264,7 +281,7 @@ Func keys_in_pairs(const std::string &name, Func k_heads, Expr head_dim, Expr s_
     Func k{name};
     k(pair, j, head_dim_pair, h, b) =
         select(feature < head_dim, rounded_as(operand_type, k_heads(last(feature, head_dim), h, last(j, s_k), b)),
-               rounded_as(operand_type, 0.0f));
+               cast(operand_type, bf16_zero()));
     return k;
 }
 
@@ -429,13 +446,14 @@ Func last_real_key(Func key_padding_mask, Expr s_k) {
 }
 
 FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func key_padding_mask, Func key_end, Func bias,
-                               Expr bias_keys, Expr causal, Expr head_dim, Expr s_q, Expr s_k, Blocking blocking, Func query_end,
-                               Precision precision, bool bf16_widened, bool amx_tiles) {
+                               Expr bias_keys, Expr causal, Expr head_dim, Expr s_q, Expr s_k, Blocking blocking,
+                               Func query_end, Precision precision, Bf16Core bf16_core) {
     const Var &e = dims.head_dim, &h = dims.head, &b = dims.batch, &i = dims.query, &j = dims.key;
     const Var &qi = dims.query_in_block, &qb = dims.query_block, &kb = dims.key_block;
     const Var &kc = dims.key_chunk, &kl = dims.key_in_chunk;
     const int Q = blocking.query_block, C = blocking.key_chunk, K = blocking.chunks() * C;
     const bool bf16 = precision == Precision::bf16;
+    const bool bf16_widened = bf16_core.widened, amx_tiles = bf16_core.amx_tiles;
     if (bf16 && C % 2 != 0)
         _halide_user_error << "flash_attention: a bf16 core sums its keys in pairs, so key_chunk must be even, got "
                            << C << "\n";
@@ -458,10 +476,8 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     if (query_end.defined()) key_limit = min(key_limit, (query_end(b) - qb * Q) * s_k);
 
     // K and V packed per head. bf16: rounded, and in pairs, as the products read them
-    // (keys_in_pairs, values_in_pairs), and Q rounded (queries_bf16).
-    // bf16_widened: each held as the f32 value it rounds to, the exponentials too (the same
-    // products and sums; a target without vdpbf16ps then runs fp32's loops, where widening
-    // bf16 in them took 1.4-1.5x the fp32 core's time on AVX2).
+    // (keys_in_pairs, values_in_pairs), and Q rounded (queries_bf16); bf16_widened: each held
+    // as the f32 value it rounds to, the exponentials too.
     const Type operand_type = bf16 && bf16_widened ? Float(32) : BFloat(16);
     if (amx_tiles) {
         f.keys = pair_rows("keys", keys_in_pairs("keys_in_pairs", k_heads, head_dim, s_k));
@@ -567,7 +583,8 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     // operand), so that it reaches the sum and the context, as in the reference.
     Expr exponential =
         select(kept, select(is_nan(score), score, exp_nonpositive(max(score - offset_of(qi, qb, kb, h, b), -87.0f))), 0.0f);
-    f.block_exp(lane, chunk, qi, qb, kb, h, b) = bf16 ? rounded_as(weight_type, exponential) : exponential;
+    f.block_exp(lane, chunk, qi, qb, kb, h, b) =
+        bf16 ? rounded_as(weight_type, exponential, bf16_core.rounding_instruction) : exponential;
     Expr weight = cast<float>(f.block_exp(lane, chunk, qi, qb, kb, h, b));
     f.block_sum = Func{"block_sum"};
     f.block_sum(qi, qb, kb, h, b) = 0.0f;
@@ -754,9 +771,8 @@ AttentionLayer attention_layer(const LayerInputs &in) {
         ctx = l.context.ctx;
     } else {
         l.flash = flash_attention(q_heads, k_heads, v_heads, key_padding_mask, l.key_end, in.bias, in.bias_keys,
-                                  in.causal, head_dim,
-                                  in.s_q, in.s_k, in.blocking, packed ? l.packed.length : Func(),
-                                  in.core_precision, in.bf16_widened, in.amx_core);
+                                  in.causal, head_dim, in.s_q, in.s_k, in.blocking, packed ? l.packed.length : Func(),
+                                  in.core_precision, in.bf16_core);
         ctx = l.flash.ctx;
     }
     if (packed) {

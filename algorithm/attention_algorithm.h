@@ -194,8 +194,8 @@ Halide::Func queries_bf16(const std::string &name, Halide::Func q_heads, Halide:
 // Over every float of [-87, 0] (one run; tests/test_algorithm.cpp checks every 16th): at most
 // 4.3e-7 relative error with fused multiply-adds (AVX2, AVX-512, NEON, CUDA), 4.3e-6 without
 // (SSE4.1, where k·ln 2 is rounded), 1.8e-7 absolutely either way; Halide's fast_exp, which it
-// replaced: 1.7e-6, 5.3e-6 and 9.9e-7. 14 vector instructions on AVX2 against fast_exp's 16
-// (docs/measurements.md, "An exponential of our own").
+// replaced: 1.7e-6, 5.3e-6 and 9.9e-7. 13 vector instructions on AVX2 against fast_exp's 16
+// (docs/measurements.md, "An exponential of our own", "The exponentials' loop, shorter").
 Halide::Expr exp_nonpositive(Halide::Expr t);
 // fp32's K packed per head, keys innermost, for QKᵀ's vectors of keys: (key, head_dim, head, batch).
 Halide::Func keys_transposed(const std::string &name, Halide::Func k_heads, Halide::Expr head_dim, Halide::Expr s_k);
@@ -298,6 +298,22 @@ struct Blocking {
 // One past the last real key of each batch (0 if none): key_end(b).
 Halide::Func last_real_key(Halide::Func key_padding_mask, Halide::Expr s_k);
 
+// How a bf16 flash core is written for the target's instructions (the generator derives it
+// from the target: AttentionGenerator::bf16_core). The same products, sums and roundings in each.
+struct Bf16Core {
+    // Q, K, V and the exponentials held as the f32 values they round to, for a target without
+    // vdpbf16ps: it then runs fp32's loops (widening bf16 in them took 1.4-1.5x the fp32
+    // core's time on AVX2).
+    bool widened = false;
+    // QKᵀ and P·V in AMX tiles: key_chunk kAmxTileStep, query_block a multiple of 16.
+    bool amx_tiles = false;
+    // The exponentials rounded by vcvtne2ps2bf16 (avx512bf16), through the wrapper in Halide 21's
+    // x86 runtime (Halide itself emulates the rounding in 5 instructions: halide#7219). Halide
+    // finds the wrapper for vectors of 16 or 32 f32 lanes only (a schedule vectorizing the
+    // exponentials otherwise leaves an undefined symbol, vcvtne2ps2bf16, at link time).
+    bool rounding_instruction = false;
+};
+
 // The attention core without an S_q × S_k buffer (flash-style), for the fused layer when
 // the probabilities are not an output: the queries in blocks of Q = query_block, the keys
 // in blocks of K = key_block. For each query block, the key blocks are folded in one at
@@ -365,13 +381,9 @@ struct FlashAttention {
 // reaches past S_k, so that the last chunk of keys reads it without clamping).
 FlashAttention flash_attention(Halide::Func q_heads, Halide::Func k_heads, Halide::Func v_heads,
                                Halide::Func key_padding_mask, Halide::Func key_end, Halide::Func bias,
-                               Halide::Expr bias_keys, Halide::Expr causal, Halide::Expr head_dim, Halide::Expr s_q, Halide::Expr s_k,
-                               Blocking blocking, Halide::Func query_end = Halide::Func(),
-                               Precision precision = Precision::fp32, bool bf16_widened = false,
-                               bool amx_tiles = false);
-// (bf16_widened: a bf16 core's Q, K, V and exponentials held as the f32 values they round to,
-// for a target without vdpbf16ps; the same products and sums. amx_tiles: a bf16 core's
-// products in AMX tiles, key_chunk kAmxTileStep and query_block a multiple of 16.)
+                               Halide::Expr bias_keys, Halide::Expr causal, Halide::Expr head_dim, Halide::Expr s_q,
+                               Halide::Expr s_k, Blocking blocking, Halide::Func query_end = Halide::Func(),
+                               Precision precision = Precision::fp32, Bf16Core bf16_core = {});
 
 // Packed variable-length sequences (DESIGN.md): the tokens of B sequences one after
 // another, sequence b being the token rows [offsets(b), offsets(b + 1)). The projections
@@ -425,14 +437,13 @@ struct LayerInputs {
     int weight_panel = 0;                               // WeightLayout::panels, ::grouped: outputs a panel
     Precision precision = Precision::fp32;              // of the projections; bf16: the four weights are bf16
     Precision core_precision = Precision::fp32;         // of the flash core's products: fp32 or bf16
-    bool bf16_widened = false;  // a bf16 core's operands as f32 values (flash_attention: no bf16 products)
+    Bf16Core bf16_core;                                 // how a bf16 core is written (flash_attention)
     // int8: the four weights are int8, and weight_scales (out, quantity, projection) holds, for
     // the projections q, k, v, o (0-3), each output's scale (quantity 0) and quantized sum (1).
     Halide::Func weight_scales;
     Int8Sum int8_sum = Int8Sum::quads;  // int8: how the products are summed (the target's instructions)
     Halide::Func key_padding_mask;  // (key, batch)
-    bool amx_tiles = false;             // bf16, int8: the four projections in AMX tiles (Linear::amx_tile)
-    bool amx_core = false;              // a bf16 flash core's products in AMX tiles (flash_attention's amx_tiles)
+    bool amx_tiles = false;         // bf16, int8: the four projections in AMX tiles (Linear::amx_tile)
     Halide::Func bias;              // (key, query, head, batch)
     Halide::Expr bias_keys;         // the bias's extent along keys, S_k or more (flash_attention)
     Halide::Expr causal, heads, eps, hidden, s_q, s_k;

@@ -11,6 +11,9 @@ at least --min-time seconds, after --pause seconds of idle, in an order that rot
 one from round to round.
 A round's times are a paired sample: ratios between implementations are taken per round,
 and report.py gives their median with a distribution-free confidence interval.
+With --fresh-workers, every round starts new worker processes (and prepares its cases again):
+a process's own layout (where its buffers and code fall) can make all of its times a few
+percent faster or slower than another's, a difference no round within it varies.
 
 Writes generated/results/comparison.json (every sample), then comparison.md and
 comparison.png through report.py.
@@ -40,10 +43,18 @@ class Worker:
     """attn_bench --serve: one JSON answer per command line."""
 
     def __init__(self, executable, candidates=(), threads=None):
-        arguments = [executable, "--serve", *(f"--candidate={c}" for c in candidates)]
+        self.arguments = [executable, "--serve", *(f"--candidate={c}" for c in candidates)]
         if threads:
-            arguments.append(f"--threads={threads}")
-        self.process = subprocess.Popen(arguments, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            self.arguments.append(f"--threads={threads}")
+        self.start()
+
+    def start(self):
+        self.process = subprocess.Popen(self.arguments, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        bufsize=1)
+
+    def restart(self):
+        self.close()
+        self.start()
 
     def ask(self, *words):
         self.process.stdin.write(" ".join(str(w) for w in words) + "\n")
@@ -116,9 +127,10 @@ class PythonPeer:
                 return elapsed * 1e3 / runs, runs
 
 
-def measure_group(impls, rounds, min_time, pause):
+def measure_group(impls, rounds, min_time, pause, fresh_workers=()):
     """Checks each implementation, then times the good ones in rotating rounds: their
-    results by name, and the order of each round."""
+    results by name, and the order of each round. fresh_workers: the workers to restart
+    before every round but the first, the cases of each then prepared again."""
     results, ready, orders = {}, [], []
     for impl in impls:
         answer = impl.prepare()
@@ -133,6 +145,12 @@ def measure_group(impls, rounds, min_time, pause):
             ready.append(impl)
         results[impl.impl] = entry
     for r in range(rounds):
+        if r and fresh_workers:
+            for worker in fresh_workers:
+                worker.restart()
+            for impl in ready:
+                if isinstance(impl, WorkerCase) and not impl.prepare()["ok"]:
+                    raise SystemExit(f"compare: {impl.name} failed its check in a fresh worker")
         shift = r % max(1, len(ready))
         order = ready[shift:] + ready[:shift]
         orders.append([impl.impl for impl in order])
@@ -170,6 +188,10 @@ def main():
                         help="another attn_bench build, e.g. of the commit before a change to the runtime: each of "
                              "its cases runs in the same rounds as this build's, named <implementation>@baseline "
                              "(report.py pairs them: time before / time after)")
+    parser.add_argument("--fresh-workers", action="store_true",
+                        help="start new attn_bench workers for every round, so that each process's own layout "
+                             "varies between rounds rather than weighting all of a build's times (an A/B of "
+                             "identical builds, 5 rounds in one pair of processes, came out 0.95-0.96)")
     parser.add_argument("--filter", default=".", help="regex on <function>/<implementation>/<problem>")
     parser.add_argument("--exclude", default=DEFAULT_EXCLUDE, help="regex of cases left out (default: the "
                         "autoscheduled variants at S >= 4096, which take up to a minute per call)")
@@ -218,7 +240,8 @@ def main():
 
     context = {**listing["context"], "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host_name": platform.node(),
                "python": platform.python_version(), "peers": versions, "rounds": args.rounds,
-               "min_time": args.min_time, "pause": args.pause, "device": args.device, "threads": counts,
+               "min_time": args.min_time, "pause": args.pause, "fresh_workers": args.fresh_workers, "device": args.device,
+               "threads": counts,
                "command": " ".join(sys.argv)}
     problems, groups = [], []
     started = time.monotonic()
@@ -248,7 +271,8 @@ def main():
         for function, impls in by_function.items():
             print(f"compare: {function}/{p['name']}: {len(impls)} implementations, {args.rounds} rounds "
                   f"({time.monotonic() - started:.0f} s so far)", file=sys.stderr)
-            results, orders = measure_group(impls, args.rounds, args.min_time, args.pause)
+            fresh = [*workers.values(), *baselines.values()] if args.fresh_workers else ()
+            results, orders = measure_group(impls, args.rounds, args.min_time, args.pause, fresh)
             groups.append({"function": function, "problem": p["name"], "impls": results, "orders": orders})
         for worker in [*workers.values(), *baselines.values()]:
             worker.ask("release")

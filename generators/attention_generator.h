@@ -80,7 +80,8 @@ public:
                 attn_sched::manual_parameter_for(t, "gpu_query_lanes", gpu_query_lanes),
                 attn_sched::manual_parameter_for(t, "gpu_thread_queries", gpu_thread_queries)};
     }
-    // The flash core's blocks; its chunks of keys are a bf16 AMX tile product's with amx_core.
+    // The flash core's blocks; its chunks of keys are a bf16 AMX tile product's with amx_core
+    // (a bf16 core's Bf16Core::amx_tiles).
     attn_gen::Blocking blocking(bool amx_core = false) const {
         const Halide::Target &t = this->get_target();
         const int queries = attn_sched::manual_parameter_for(t, "query_block", query_block);
@@ -97,17 +98,22 @@ public:
     bool amx_projections(Precision precision) const {
         return precision != Precision::fp32 && attn_sched::amx_tiles(this->get_target());
     }
-    bool amx_core(Precision core_precision) const {
-        return core_precision == Precision::bf16 && attn_sched::amx_tiles(this->get_target());
-    }
-    // How the reduced precisions' products are written for the target's instructions: a bf16
-    // flash core's operands as f32 values where the CPU has neither vdpbf16ps nor the core's AMX
-    // tiles (flash_attention's bf16_widened), and int8 in quads (vpdpbusd) or in 16-bit pairs
-    // (attn_gen::Int8Sum).
-    bool bf16_widened(bool amx_core) const {
+    // How a bf16 flash core is written for the target (attn_gen::Bf16Core): its products in AMX
+    // tiles where the CPU has them, as f32 values where it has neither those nor vdpbf16ps, and
+    // its exponentials rounded by vcvtne2ps2bf16 where it has avx512bf16 and the hand-written
+    // schedule vectorizes them (in 16 f32 lanes on AVX-512).
+    attn_gen::Bf16Core bf16_core(Precision core_precision) const {
         const Halide::Target &t = this->get_target();
-        return !t.has_gpu_feature() && !attn_sched::native_bf16(t) && !amx_core;
+        attn_gen::Bf16Core core;
+        if (core_precision != Precision::bf16 || t.has_gpu_feature()) return core;
+        core.amx_tiles = attn_sched::amx_tiles(t);
+        core.widened = !attn_sched::native_bf16(t) && !core.amx_tiles;
+        core.rounding_instruction =
+            t.has_feature(Halide::Target::AVX512_Zen4) && !this->using_autoscheduler() &&
+            attn_sched::schedule_kind(schedule_source, t) == attn_sched::ScheduleKind::manual_cpu;
+        return core;
     }
+    // int8's products in quads (vpdpbusd) or in 16-bit pairs (attn_gen::Int8Sum), as the target has them.
     Int8Sum int8_sum() const {
         return attn_sched::native_int8(this->get_target()) ? Int8Sum::quads : Int8Sum::pairs_in_i16;
     }

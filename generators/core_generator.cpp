@@ -25,11 +25,11 @@ public:
         Expr head_dim = q.dim(0).extent() / heads, s_q = q.dim(1).extent(), s_k = k.dim(1).extent();
         key_end_ = last_real_key(key_padding_mask, s_k);
         const Precision precision = checked_precision("attention_core", true, false);
-        const bool amx = amx_core(precision);
-        flash_ = flash_attention(split_heads("q_heads", q, head_dim), split_heads("k_heads", k, head_dim),
-                                 split_heads("v_heads", v, head_dim), key_padding_mask, key_end_, bias,
-                                 bias.dim(0).extent(), causal, head_dim, s_q, s_k, blocking(amx), Func(), precision,
-                                 bf16_widened(amx), amx);
+        const Bf16Core core = bf16_core(precision);
+        flash_ =
+            flash_attention(split_heads("q_heads", q, head_dim), split_heads("k_heads", k, head_dim),
+                            split_heads("v_heads", v, head_dim), key_padding_mask, key_end_, bias, bias.dim(0).extent(),
+                            causal, head_dim, s_q, s_k, blocking(core.amx_tiles), Func(), precision, core);
         const Dims d;
         out_ = Func{"context"};
         out_(d.head_dim, d.head, d.query, d.batch) = flash_.ctx(d.head_dim, d.head, d.query, d.batch);

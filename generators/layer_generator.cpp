@@ -82,8 +82,7 @@ public:
         in.gamma = gamma, in.beta = beta;
         in.precision = precision;
         in.core_precision = core_precision;
-        in.amx_core = amx_core(core_precision);
-        in.bf16_widened = bf16_widened(in.amx_core);
+        in.bf16_core = bf16_core(core_precision);
         if (core_precision != Precision::fp32 && (output_probs || get_target().has_gpu_feature()))
             _halide_user_error << "attention_layer: core_precision=bf16 is the flash core's on a CPU, not "
                                << (output_probs ? "with output_probs" : "for a GPU") << "\n";
@@ -96,7 +95,7 @@ public:
         in.bias_keys = bias.dim(0).extent();
         in.causal = causal, in.heads = heads, in.eps = eps;
         in.output_probs = output_probs;
-        in.blocking = this->blocking(in.amx_core);
+        in.blocking = this->blocking(in.bf16_core.amx_tiles);
         in.hidden = x.dim(0).extent();
         if (packed) {
             in.kv = x;

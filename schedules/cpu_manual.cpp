@@ -42,10 +42,10 @@ std::vector<RVar> rvars(const RDom &r) {
 // has_feature adds no implied feature, so each is named). Elsewhere a bf16 GEMM multiplies
 // operands widened to f32 once, before its tiles (attn_gen::Linear::weight_widened,
 // input_widened): bf16 storage, f32 arithmetic; the flash core holds its rounded operands as
-// f32 values (attn_gen::flash_attention's bf16_widened).
+// f32 values (attn_gen::Bf16Core::widened).
 //
 // Not on the AMX ISA (avx512_sapphirerapids), whose projections and flash core are AMX tiles
-// (attn_gen::flash_attention's amx_tiles): on an Intel Xeon with AMX, avx512_zen4's vdpbf16ps
+// (attn_gen::Bf16Core::amx_tiles): on an Intel Xeon with AMX, avx512_zen4's vdpbf16ps
 // layer took 1.33x the fp32 layer's time at B=1 S=384 (docs/measurements.md, "AMX tiles").
 // avx512_zen4 keeps it (measured faster on Zen 4).
 bool native_bf16(const Target &target) {
@@ -648,6 +648,7 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
     Func max_partials = vectorized_row_reduction(f.block_max, lane, step, target);
     if (bf16) f.block_offset.compute_at(step).store_in(MemoryType::Stack);
     f.block_exp.compute_at(step).store_in(MemoryType::Stack);
+    // (In vw f32 lanes, 16 on AVX-512, whose rounding to bf16 Bf16Core::rounding_instruction needs.)
     f.block_exp.update().vectorize(lane, vw);
     // Without the causal mask, the max and the exponentials test each key's mask alone: a
     // version of their loops for it (the causal test is a vector of the flag, comparisons

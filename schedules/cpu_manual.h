@@ -36,12 +36,12 @@ struct CpuTiling {
 
 // Whether the target sums u8·i8 quads natively (vpdpbusd), which decides how the algorithm
 // sums int8 products (attn_gen::Int8Sum), and bf16 pairs (vdpbf16ps), which with amx_tiles
-// decides whether the flash core holds its bf16 operands as f32 values (attn_gen::flash_attention's
-// bf16_widened: neither instruction).
+// decides whether the flash core holds its bf16 operands as f32 values (attn_gen::Bf16Core::widened:
+// neither instruction).
 bool native_int8(const Halide::Target &target);
 bool native_bf16(const Halide::Target &target);
 // Whether the bf16 and int8 projections run in AMX tiles (attn_gen::LayerInputs::amx_tiles), and a
-// bf16 flash core's products (amx_core).
+// bf16 flash core's products (attn_gen::Bf16Core::amx_tiles).
 bool amx_tiles(const Halide::Target &target);
 
 void schedule_qkv_projection_cpu(attn_gen::Linear q, attn_gen::Linear k, attn_gen::Linear v, const CpuTiling &tiling,

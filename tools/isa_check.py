@@ -7,7 +7,9 @@ fallback) must use none, and no AVX-512 register either, so that it runs where A
 must use vpmaddubsw in each of its register tiles instead (its pairs summed in 16 bits, attn_gen::Int8Sum). On an
 ISA with AMX (avx512_sapphirerapids), a layer's four projections are AMX tile products instead (tdpbf16ps, tdpbusd:
 at least 4 in all, one a projection), and so are its flash core's QKᵀ and P·V (tdpbf16ps, at least 2 in the
-core's parallel tasks), and the core alone's; elsewhere no tile instruction.
+core's parallel tasks), and the core alone's; elsewhere no tile instruction. A bf16 flash core (a layer's, or
+the core alone's) built for an ISA with avx512bf16 rounds its exponentials with vcvtne2ps2bf16 in its parallel
+tasks; elsewhere no function uses it.
 
     python3 tools/isa_check.py --build build/release          # every bf16 and int8 object this build made
     python3 tools/isa_check.py --build build/release --show   # and the counts per object
@@ -35,6 +37,9 @@ AMX = {"bf16": ("tdpbf16ps", "amx-bf16"), "int8": ("tdpbusd", "amx-int8")}
 AMX_PROJECTIONS = 4
 AMX_CORE = ("tdpbf16ps", 2)
 CORE_TASKS = re.compile(r"_par_for_ctx")
+# A bf16 flash core's rounding of its exponentials (attn_gen::Bf16Core::rounding_instruction),
+# and the feature it needs.
+CORE_ROUNDING = ("vcvtne2ps2bf16", "avx512bf16")
 
 
 def count(disassembly, pattern):
@@ -86,6 +91,12 @@ def check(m, build, arch, show):
         core_dot, core_outside = count_by_function(text, rf"\b{core_instruction}\b", CORE_TASKS)
         projection_inside, projection_dot = count_by_function(text, rf"\b{tile_instruction}\b", CORE_TASKS)
         misplaced = 0 if core_instruction == tile_instruction else core_outside + projection_inside
+        rounding, rounding_feature = CORE_ROUNDING
+        rounding_in_core, rounding_outside = count_by_function(text, rf"\b{rounding}\b", CORE_TASKS)
+        params = m.functions[lib["function"]]["params"]
+        bf16_core = (lib["generator"] in ("attention_layer", "attention_core") and
+                     params.get("core_precision", params.get("precision")) == "bf16")
+        rounding_needed = bf16_core and rounding_feature in m.isas[lib["isa"]]["cpu_features"]
         tile_counts = {"projections": (projection_dot, tile_instruction, AMX_PROJECTIONS if layer else 0),
                        "core": (core_dot, core_instruction, core_tiles)}
         if amx:
@@ -97,6 +108,7 @@ def check(m, build, arch, show):
         if show:
             tile_text = ", ".join(f"{n} {i} ({where})" for where, (n, i, _) in tile_counts.items())
             print(f"{lib['name']}: {dot} {instruction}, {fallback_dot} {fallback or '-'}, {tile_text}, "
+                  f"{rounding_in_core} {rounding} (core), "
                   f"{zmm} zmm operands ({'AMX' if amx else 'native' if native else 'fallback'})")
         for where, (n, i, needed_tiles) in tile_counts.items():
             if amx and n < needed_tiles:
@@ -105,6 +117,12 @@ def check(m, build, arch, show):
                                 f"on {lib['isa']}, which has {amx_feature}")
             if not amx and n:
                 failures.append(f"{path.name}: {n} {i} on {lib['isa']}, whose {lib['function']} has no AMX tiles")
+        if rounding_needed and not rounding_in_core:
+            failures.append(f"{path.name}: no {rounding} in its flash core's tasks, which round the exponentials "
+                            f"to bf16 with it on {lib['isa']}, which has {rounding_feature}")
+        if rounding_outside or (rounding_in_core and not rounding_needed):
+            failures.append(f"{path.name}: {rounding_in_core + rounding_outside} {rounding}, which only a bf16 flash "
+                            f"core's tasks use, on an ISA with {rounding_feature}")
         if misplaced:
             failures.append(f"{path.name}: {misplaced} {core_instruction} outside its flash core or "
                             f"{tile_instruction} inside it")
