@@ -127,11 +127,14 @@ check(all(len(r["ms"]) == rounds for r in impls.values()), "every count timed in
 check("Strong scaling" in (work / "scaling" / "comparison.md").read_text(), "the report shows the scaling")
 
 # Two builds (--baseline; here the same one twice): each case of both in every round, the
-# baseline's apart from the variants (never ranked or picked), and the table pairing them.
+# baseline's apart from the variants (never ranked or picked), and the table pairing them;
+# with --fresh-workers, each round in new worker processes, its cases prepared (checked) again.
 subprocess.run([sys.executable, str(root / "bench/compare.py"), "--bench", bench, "--baseline", bench,
-                "--out", str(work / "baseline"), "--rounds", str(rounds), "--min-time", "0.005", "--pause", "0",
-                "--filter", "attention_layer/manual_sse41/b1_s128_h384_n12$", "--no-chart"], check=True)
+                "--fresh-workers", "--out", str(work / "baseline"), "--rounds", str(rounds), "--min-time", "0.005",
+                "--pause", "0", "--filter", "attention_layer/manual_sse41/b1_s128_h384_n12$", "--no-chart"],
+               check=True)
 doc = json.loads((work / "baseline" / "comparison.json").read_text())
+check(doc["context"]["fresh_workers"] is True, "the context says the workers were fresh every round")
 impls = doc["groups"][0]["impls"]
 check(sorted(impls) == ["manual_sse41", "manual_sse41@baseline"] and impls["manual_sse41@baseline"]["kind"] ==
       "baseline" and all(len(r["ms"]) == rounds and r.get("max_error", 1) < 1e-4 for r in impls.values()),
