@@ -76,7 +76,8 @@ Expr grouped_rows(Expr features, int group) {
 
 Func rounded_to_bf16(const std::string &name, Func in, Expr features) {
     Func rounded{name};
-    rounded(dims.hidden, dims.seq, dims.batch) = cast(BFloat(16), in(last(dims.hidden, features), dims.seq, dims.batch));
+    rounded(dims.hidden, dims.seq, dims.batch) =
+        rounded_as(BFloat(16), in(last(dims.hidden, features), dims.seq, dims.batch));
     return rounded;
 }
 
@@ -207,13 +208,13 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
     // a panel's, WeightLayout::panels.)
     Expr bias_at = bias(last(out, features));
     if (!rows.defined()) {
-        l.out(out, s, b) = cast(out_type, result + bias_at);
+        l.out(out, s, b) = converted(out_type, result + bias_at);
         return l;
     }
     l.row = RDom(0, tokens, name + "_row");
     l.row.where(l.row < rows(b));
     l.out(out, s, b) = undef(out_type);
-    l.out(out, l.row, b) = cast(out_type, substitute(s, l.row.x, result) + bias_at);
+    l.out(out, l.row, b) = converted(out_type, substitute(s, l.row.x, result) + bias_at);
     return l;
 }
 
@@ -227,22 +228,22 @@ Func split_heads(const std::string &name, Func tensor, Expr head_dim) {
 namespace {
 Var pair{"pair"}, head_dim_pair{"head_dim_pair"}, key_pair{"key_pair"};
 Expr bf16_zero() { return cast(BFloat(16), 0.0f); }
-// f32 x rounded to bf16 (to nearest, ties to even), as `type` (bf16, or the f32 value it rounds to).
-// Written out as Halide's cast writes it, but not inside strict_float, which also denied x's
-// own arithmetic its fused multiply-adds (the exponentials' polynomial: 4.2e-6 relative error
-// instead of 4.3e-7, exp_nonpositive). With `instruction`, vcvtne2ps2bf16 (Bf16Core).
-Expr rounded_as(Type type, Expr x, bool instruction = false) {
+}  // namespace
+
+Expr rounded_as(Type type, Expr x, bool instruction) {
     if (x.type().is_bfloat()) return cast(type, x);  // (Q, K, V from projections that stored them rounded)
     Expr bits;
     if (instruction) {
         bits = Internal::Call::make(UInt(16), "vcvtne2ps2bf16", {x}, Internal::Call::PureExtern);
     } else {
         Expr u = reinterpret<uint32_t>(x);
-        bits = cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+        Expr nan = (u & 0x7fffffff) > 0x7f800000;
+        bits = cast<uint16_t>(select(nan, (u >> 16) | 0x40, (u + 0x7fff + ((u >> 16) & 1)) >> 16));
     }
     return cast(type, reinterpret(BFloat(16), bits));
 }
-}  // namespace
+
+Expr converted(Type type, Expr x) { return type.is_bfloat() ? rounded_as(type, x) : cast(type, x); }
 
 Expr exp_nonpositive(Expr t) {
     const float log2e = 1.44269504088896341f, ln2 = 0.693147180559945309f;
@@ -355,7 +356,8 @@ WeightedSum weighted_sum(Func probs, Func v_heads, Expr head_dim, Expr s_q, Expr
         // Pairs of keys: bf16 products, exact in f32, summed in f32 (vdpbf16ps). An odd s_k's
         // last pair is completed by a zero weight.
         w.probs = Func{"probs_rounded"};
-        w.probs(j, i, h, b) = select(j < s_k, cast(BFloat(16), probs(last(j, s_k), last(i, s_q), h, b)), bf16_zero());
+        w.probs(j, i, h, b) =
+            select(j < s_k, rounded_as(BFloat(16), probs(last(j, s_k), last(i, s_q), h, b)), bf16_zero());
         w.values = values_in_pairs("values_in_pairs", v_heads, head_dim, s_k);
         w.j = RDom({{0, 2}, {0, (s_k + 1) / 2}}, "context_j");
         w.ctx_sum(e, h, i, b) +=
@@ -398,7 +400,7 @@ OutputLayerNorm output_layernorm(Func ctx_heads, Func residual, Func w_o, Func b
         n.context_features = RDom(0, head_dim, 0, heads, "context_features");
         const RVar &e = n.context_features.x, &h = n.context_features.y;
         n.context_rounded(dims.hidden, s, b) = cast(context_type, 0.0f);
-        n.context_rounded(h * head_dim + e, s, b) = cast(context_type, ctx_heads(e, h, s, b));
+        n.context_rounded(h * head_dim + e, s, b) = converted(context_type, ctx_heads(e, h, s, b));
         Func no_bias{"no_bias"};
         no_bias(o) = 0.0f;
         if (precision == Precision::bf16) {

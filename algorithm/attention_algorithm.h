@@ -197,6 +197,16 @@ Halide::Func queries_bf16(const std::string &name, Halide::Func q_heads, Halide:
 // replaced: 1.7e-6, 5.3e-6 and 9.9e-7. 13 vector instructions on AVX2 against fast_exp's 16
 // (docs/measurements.md, "An exponential of our own", "The exponentials' loop, shorter").
 Halide::Expr exp_nonpositive(Halide::Expr t);
+// f32 x rounded to bf16 (to nearest, ties to even), as `type` (bf16, or the f32 value it
+// rounds to); bf16 x as it is. Every rounding to bf16 of the algorithm's. Written out as Halide's
+// cast writes it, with two differences: not inside strict_float, which also denied x's own
+// arithmetic its fused multiply-adds (the exponentials' polynomial: 4.2e-6 relative error
+// instead of 4.3e-7, exp_nonpositive), and a NaN stays NaN, its quiet bit set (Halide's
+// rounding of the bits makes 0x7fffffff -0 and 0xffffffff, memset 0xff's pattern, +0), as
+// the reference's round_to_bf16 keeps it. With `instruction`, vcvtne2ps2bf16 (Bf16Core).
+Halide::Expr rounded_as(Halide::Type type, Halide::Expr x, bool instruction = false);
+// x as `type`: rounded_as for bf16, a plain cast otherwise.
+Halide::Expr converted(Halide::Type type, Halide::Expr x);
 // fp32's K packed per head, keys innermost, for QKᵀ's vectors of keys: (key, head_dim, head, batch).
 Halide::Func keys_transposed(const std::string &name, Halide::Func k_heads, Halide::Expr head_dim, Halide::Expr s_k);
 // K: (pair, key, head_dim_pair, head, batch), K[key, 2·head_dim_pair + pair], zero past d.
@@ -309,8 +319,9 @@ struct Bf16Core {
     bool amx_tiles = false;
     // The exponentials rounded by vcvtne2ps2bf16 (avx512bf16), through the wrapper in Halide 21's
     // x86 runtime (Halide itself emulates the rounding in 5 instructions: halide#7219). Halide
-    // finds the wrapper for vectors of 16 or 32 f32 lanes only (a schedule vectorizing the
-    // exponentials otherwise leaves an undefined symbol, vcvtne2ps2bf16, at link time).
+    // finds the wrapper for vectors of more than 8 f32 lanes (padded or split to 32; the
+    // hand-written schedule's are 16): narrower vectors or scalars would leave an undefined
+    // symbol, vcvtne2ps2bf16, at link time.
     bool rounding_instruction = false;
 };
 

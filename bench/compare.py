@@ -54,6 +54,7 @@ class Worker:
 
     def restart(self):
         self.close()
+        self.process.stdout.close()
         self.start()
 
     def ask(self, *words):
@@ -145,7 +146,7 @@ def measure_group(impls, rounds, min_time, pause, fresh_workers=()):
             ready.append(impl)
         results[impl.impl] = entry
     for r in range(rounds):
-        if r and fresh_workers:
+        if r and fresh_workers and any(isinstance(impl, WorkerCase) for impl in ready):
             for worker in fresh_workers:
                 worker.restart()
             for impl in ready:

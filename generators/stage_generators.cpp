@@ -13,7 +13,7 @@ namespace {
 Func rounded_weight(const std::string &name, Func weight) {
     Var in{"in"}, out{"out"};
     Func rounded{name};
-    rounded(in, out) = cast(BFloat(16), weight(in, out));
+    rounded(in, out) = rounded_as(BFloat(16), weight(in, out));
     return rounded;
 }
 }  // namespace
