@@ -194,8 +194,9 @@ Halide::Func queries_bf16(const std::string &name, Halide::Func q_heads, Halide:
 // Over every float of [-87, 0] (one run; tests/test_algorithm.cpp checks every 16th): at most
 // 4.3e-7 relative error with fused multiply-adds (AVX2, AVX-512, NEON, CUDA), 4.3e-6 without
 // (SSE4.1, where k·ln 2 is rounded), 1.8e-7 absolutely either way; Halide's fast_exp, which it
-// replaced: 1.7e-6, 5.3e-6 and 9.9e-7. 13 vector instructions on AVX2 against fast_exp's 16
-// (docs/measurements.md, "An exponential of our own", "The exponentials' loop, shorter").
+// replaced: 1.7e-6, 5.3e-6 and 9.9e-7. 14 vector instructions on AVX2 against fast_exp's 16
+// (docs/measurements.md, "An exponential of our own"); 14 on AVX-512 too, where Halide's
+// rounding of 16 lanes in two 8-lane halves had made 17 ("The exponentials' loop, shorter").
 Halide::Expr exp_nonpositive(Halide::Expr t);
 // f32 x rounded to bf16 (to nearest, ties to even), as `type` (bf16, or the f32 value it
 // rounds to); bf16 x as it is. Every rounding to bf16 of the algorithm's. Written out as Halide's

@@ -192,7 +192,7 @@ def main():
     parser.add_argument("--fresh-workers", action="store_true",
                         help="start new attn_bench workers for every round, so that each process's own layout "
                              "varies between rounds rather than weighting all of a build's times (an A/B of "
-                             "identical builds, 5 rounds in one pair of processes, came out 0.95-0.96)")
+                             "identical builds, 5 rounds in one pair of processes, came out 0.93-0.96)")
     parser.add_argument("--filter", default=".", help="regex on <function>/<implementation>/<problem>")
     parser.add_argument("--exclude", default=DEFAULT_EXCLUDE, help="regex of cases left out (default: the "
                         "autoscheduled variants at S >= 4096, which take up to a minute per call)")
@@ -245,6 +245,7 @@ def main():
                "threads": counts,
                "command": " ".join(sys.argv)}
     problems, groups = [], []
+    fresh = [*workers.values(), *baselines.values()] if args.fresh_workers else ()
     started = time.monotonic()
     for p in listing["problems"]:
         by_function = {}
@@ -272,7 +273,6 @@ def main():
         for function, impls in by_function.items():
             print(f"compare: {function}/{p['name']}: {len(impls)} implementations, {args.rounds} rounds "
                   f"({time.monotonic() - started:.0f} s so far)", file=sys.stderr)
-            fresh = [*workers.values(), *baselines.values()] if args.fresh_workers else ()
             results, orders = measure_group(impls, args.rounds, args.min_time, args.pause, fresh)
             groups.append({"function": function, "problem": p["name"], "impls": results, "orders": orders})
         for worker in [*workers.values(), *baselines.values()]:

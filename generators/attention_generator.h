@@ -93,8 +93,8 @@ public:
                 amx_core ? kAmxTileStep
                          : attn_sched::key_chunk(t, attn_sched::manual_parameter_for(t, "tile_vectors", tile_vectors))};
     }
-    // Projections in AMX tiles (attn_gen::Linear::amx_tile: bf16 and int8), and a bf16 flash
-    // core's products (flash_attention's amx_tiles), where the target has them.
+    // Projections in AMX tiles (attn_gen::Linear::amx_tile: bf16 and int8) where the target has
+    // them (a bf16 flash core's tiles: bf16_core).
     bool amx_projections(Precision precision) const {
         return precision != Precision::fp32 && attn_sched::amx_tiles(this->get_target());
     }

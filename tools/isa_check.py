@@ -55,21 +55,21 @@ def count(disassembly, pattern):
     return len(re.findall(pattern, disassembly))
 
 
-def count_by_function(disassembly, pattern, functions):
-    """The instructions matching `pattern` inside and outside the functions whose symbol
-    matches `functions`, as objdump lists them (a `<symbol>:` line opens each)."""
-    inside = outside = 0
-    current = ""
+def count_by_function(disassembly, instructions, functions):
+    """Per instruction, how many lines use it inside and outside the functions whose symbol
+    matches `functions`, as objdump lists them (a `<symbol>:` line opens each), in one pass."""
+    counts = {i: [0, 0] for i in instructions}
+    patterns = {i: re.compile(rf"\b{i}\b") for i in instructions}
+    inside = False
     for line in disassembly.splitlines():
         header = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
         if header:
-            current = header.group(1)
-        elif re.search(pattern, line):
-            if functions.search(current):
-                inside += 1
-            else:
-                outside += 1
-    return inside, outside
+            inside = bool(functions.search(header.group(1)))
+            continue
+        for i, pattern in patterns.items():
+            if pattern.search(line):
+                counts[i][0 if inside else 1] += 1
+    return {i: tuple(c) for i, c in counts.items()}
 
 
 def check(m, build, arch, show):
@@ -97,11 +97,12 @@ def check(m, build, arch, show):
         # The tile products an AMX function needs: its projections' (a layer's) outside the core's
         # tasks, and its core's in them; none of either kind in the other's place.
         core_instruction, core_tiles = AMX_CORE
-        core_dot, core_outside = count_by_function(text, rf"\b{core_instruction}\b", CORE_TASKS)
-        projection_inside, projection_dot = count_by_function(text, rf"\b{tile_instruction}\b", CORE_TASKS)
-        misplaced = 0 if core_instruction == tile_instruction else core_outside + projection_inside
         rounding, rounding_feature = CORE_ROUNDING
-        rounding_in_core, rounding_outside = count_by_function(text, rf"\b{rounding}\b", CORE_TASKS)
+        by_function = count_by_function(text, {core_instruction, tile_instruction, rounding}, CORE_TASKS)
+        core_dot, core_outside = by_function[core_instruction]
+        projection_inside, projection_dot = by_function[tile_instruction]
+        misplaced = 0 if core_instruction == tile_instruction else core_outside + projection_inside
+        rounding_in_core, rounding_outside = by_function[rounding]
         rounding_needed = rounds_with_instruction(m, lib)
         tile_counts = {"projections": (projection_dot, tile_instruction, AMX_PROJECTIONS if layer else 0),
                        "core": (core_dot, core_instruction, core_tiles)}
