@@ -116,9 +116,17 @@ QuantizedRows quantized_to_u8(const std::string &name, Func in, Expr features) {
     return q;
 }
 
+Func amx_rows(const std::string &name, Func in, Expr features, Expr tokens) {
+    const Var &k = dims.hidden, &s = dims.seq, &b = dims.batch;
+    Func rows{name};
+    // Zero past the features (times the panels' zero weights there: no Inf · 0).
+    rows(k, s, b) = select(k < features, in(k, last(s, tokens), b), cast(in.type(), 0));
+    return rows;
+}
+
 Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr features, Expr tokens, Func rows,
               WeightLayout layout, Precision precision, const Int8Operands &int8, Type out_type, int panel,
-              bool amx_tiles) {
+              bool amx_tiles, Func shared_amx_rows) {
     const Var &out = dims.hidden, &s = dims.seq, &b = dims.batch;
     Linear l;
     l.input = in;
@@ -132,10 +140,7 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
                                << kAmxTileColumns << " outputs\n";
         const int group = features_a_group(precision);
         Var lane{"lane"}, in_panel{"in_panel"};
-        // Zero past the features (times the panels' zero weights there: no Inf · 0).
-        l.amx_rows = Func{name + "_amx_rows"};
-        l.amx_rows(dims.hidden, s, b) =
-            select(dims.hidden < features, in(dims.hidden, last(s, tokens), b), cast(in.type(), 0));
+        l.amx_rows = shared_amx_rows.defined() ? shared_amx_rows : amx_rows(name + "_amx_rows", in, features, tokens);
         // Over a panel's rows (grouped_rows: whole tiles' features).
         l.k = RDom(0, grouped_rows(features, group) * group, name + "_k");
         Expr k = l.k.x, x = l.amx_rows(k, s, b);
@@ -738,8 +743,17 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     // A bf16 flash core reads Q, K and V rounded to bf16: the projections store them so,
     // rounded once as they are computed (the same rounding), half the bytes to write and read.
     const Type qkv_type = !in.output_probs && in.core_precision == Precision::bf16 ? BFloat(16) : Float(32);
+    // AMX: the rows the tiles read, made once for Q and once for K and V (once for all three
+    // where kv is x and has x's rows: packed sequences).
+    Func x_tile_rows, kv_tile_rows;
+    if (in.amx_tiles) {
+        x_tile_rows = amx_rows("x_amx_rows", x, in.hidden, q_rows);
+        kv_tile_rows = self_attention && q_rows.same_as(kv_rows_all)
+                           ? x_tile_rows
+                           : amx_rows("kv_amx_rows", kv, in.hidden, kv_rows_all);
+    }
     l.q = linear("q", x, in.w_q, in.b_q, in.hidden, q_rows, Func(), in.weight_layout, in.precision, q_int8, qkv_type,
-                 in.weight_panel, in.amx_tiles);
+                 in.weight_panel, in.amx_tiles, x_tile_rows);
     Func kv_rows{"kv_rows"};  // the flash core reads K and V up to the chunk holding each batch's last real key
     if (!in.output_probs && !packed) {
         l.key_end = last_real_key(in.key_padding_mask, in.s_k);
@@ -748,10 +762,10 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     }
     if (in.precision == Precision::int8) kv_int8.weight = scales_of(1);
     l.k = linear("k", kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8,
-                 qkv_type, in.weight_panel, in.amx_tiles);
+                 qkv_type, in.weight_panel, in.amx_tiles, kv_tile_rows);
     if (in.precision == Precision::int8) kv_int8.weight = scales_of(2);
     l.v = linear("v", kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8,
-                 qkv_type, in.weight_panel, in.amx_tiles);
+                 qkv_type, in.weight_panel, in.amx_tiles, kv_tile_rows);
     l.q_heads = split_heads("q_heads", l.q.out, head_dim);
     l.k_heads = split_heads("k_heads", l.k.out, head_dim);
     l.v_heads = split_heads("v_heads", l.v.out, head_dim);

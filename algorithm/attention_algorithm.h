@@ -157,7 +157,11 @@ Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Hal
               Halide::Expr tokens, Halide::Func rows = Halide::Func(), WeightLayout layout = WeightLayout::linear,
               Precision precision = Precision::fp32, const Int8Operands &int8 = Int8Operands(),
               Halide::Type out_type = Halide::Float(32), int panel = 0,  // panel: WeightLayout::panels, ::grouped
-              bool amx_tiles = false);
+              bool amx_tiles = false, Halide::Func shared_amx_rows = Halide::Func());
+// What a projection's AMX tiles read (Linear::amx_rows): in's rows (hidden, seq, batch) clamped
+// to the tokens, zero past the features. Made by linear(), or once here for projections of the
+// same input, which then share it (linear's shared_amx_rows): one pass over the rows, not one each.
+Halide::Func amx_rows(const std::string &name, Halide::Func in, Halide::Expr features, Halide::Expr tokens);
 
 // The outputs of an AMX tile (16 f32 or i32 columns), and the input features (or keys) one tile
 // product sums here: 32, a bf16 tile's 16 rows of pairs, and an int8 tile's 8 rows of quads

@@ -280,8 +280,12 @@ void amx_tile_products(Func tile, Func stored, RVar step_inner, RVar steps) {
 // AMX lowering matches as a 2-D one) and read by the epilogue. Its rows are copied once,
 // a task per 16 of them, vectorized across the row.
 // `out` is what is computed: the projection's out, or a Func it is inlined into (the dense
-// output projection's, with its residual).
-void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const Target &target) {
+// output projection's, with its residual). `at_row_block`: `at` is a loop over blocks of 16
+// rows of out's consumer, which are the tasks (schedule_output); out's panels then run
+// inside, in parallel only on more than kFewThreads threads. `with_rows`: schedule l.amx_rows
+// too (false for a projection sharing another's: attn_gen::amx_rows).
+void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const Target &target,
+                             bool at_row_block = false, bool with_rows = true) {
     const int columns = attn_gen::kAmxTileColumns, rows_a_tile = 16;
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
@@ -298,7 +302,7 @@ void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const T
     // threads on an Intel Xeon VM; at 2 threads BERT-base's 48 panels still make 12 tasks).
     stage.specialize(kernel_threads() > kFewThreads).parallel(oo);
     Var ooo{"ooo"}, ooi{"ooi"};
-    stage.split(oo, ooo, ooi, kAmxPanelsPerTask, kGuard).parallel(ooo);
+    if (!at_row_block) stage.split(oo, ooo, ooi, kAmxPanelsPerTask, kGuard).parallel(ooo);
     std::vector<Var> t = l.amx_tile.args();  // (lane, in_panel, seq, batch)
     Func stored = l.amx_tile.in();
     stored.compute_at(LoopLevel(out, so))
@@ -311,6 +315,7 @@ void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const T
     RVar ko{"ko"}, ki{"ki"};
     l.amx_tile.update().split(l.k.x, ko, ki, attn_gen::kAmxTileStep);
     amx_tile_products(l.amx_tile, stored, ki, ko);
+    if (!with_rows) return;
     const int vw = vector_width(target);
     Var ko_rows{"ko_rows"}, ki_rows{"ki_rows"};
     l.amx_rows.compute_root()
@@ -321,8 +326,8 @@ void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const T
 }
 
 void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, const Target &target,
-                         Expr reads = Expr()) {
-    if (l.amx_tile.defined()) return schedule_amx_projection(l.out, l, at, target);
+                         Expr reads = Expr(), bool with_rows = true) {
+    if (l.amx_tile.defined()) return schedule_amx_projection(l.out, l, at, target, false, with_rows);
     const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
     schedule_panel_gemm(l.out, l.weight_transposed, l.product, rvars(l.k), rows, at, t, target, l.precision,
                         l.weight_layout, reads, l.weight_widened, l.input_widened, l.pair_sums);
@@ -493,7 +498,7 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
             .vectorize(n.context_features.x, vw, kGuard);
         if (n.context_quantized.values.defined()) schedule_quantized(n.context_quantized, target);
         if (n.rounded.amx_tile.defined()) {
-            schedule_amx_projection(n.dense, n.rounded, LoopLevel::root(), target);
+            schedule_amx_projection(n.dense, n.rounded, LoopLevel(n.y, so), target, true);
         } else {
             schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, rvars(n.rounded.k), s,
                                 LoopLevel::root(), t, target, n.rounded.precision, n.weight_layout, Expr(),
@@ -503,8 +508,13 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
         schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, rvars(n.in_feature), s, LoopLevel::root(), t,
                             target, attn_gen::Precision::fp32, n.weight_layout);
     }
+    // With AMX tiles, a block of rows is one tile's 16: dense is computed per block, each
+    // panel's tile and epilogue in turn (W_o's panels from L2, the block's rows in L1), so that
+    // the residual's rows are read, and dense's written and read back, 16 whole rows at a
+    // time, not a panel's 64 bytes of every row of the batch (strided, from memory at B=8).
+    const bool amx = n.rounded.amx_tile.defined();
     n.y.compute_root()
-        .split(s, so, si, t.tile_rows, kGuard)
+        .split(s, so, si, amx ? 16 : t.tile_rows, kGuard)
         .reorder(o, si, so, b)
         .vectorize(o, vw, kGuard)
         .parallel(so)
@@ -690,11 +700,17 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
     if (l.x_quantized.values.defined()) {
         schedule_quantized(l.x_quantized, target);
         if (l.kv_quantized.values.name() != l.x_quantized.values.name()) schedule_quantized(l.kv_quantized, target);
-    } else if (l.x_rounded.defined()) {
+    } else if (l.x_rounded.defined() && !l.q.amx_tile.defined()) {
+        // (AMX tiles read rows rounded as they are copied: attn_gen::amx_rows.)
         schedule_rounded_inputs(l.x_rounded, l.kv_rounded, target);
     }
     schedule_projection(l.q, LoopLevel::root(), t, target);
-    for (attn_gen::Linear kv : {l.k, l.v}) schedule_projection(kv, LoopLevel::root(), t, target, l.kv_is_x);
+    // AMX: K and V share their tile rows, and share Q's where kv is x (attn_gen::amx_rows).
+    const bool kv_rows_of_their_own = l.k.amx_rows.defined() && l.k.amx_rows.name() != l.q.amx_rows.name();
+    schedule_projection(l.k, LoopLevel::root(), t, target, l.kv_is_x, kv_rows_of_their_own);
+    schedule_projection(l.v, LoopLevel::root(), t, target, l.kv_is_x, false);
+    // K's and V's tile rows from x's or kv's, whichever kv_is_x names: only one is read.
+    if (kv_rows_of_their_own && l.kv_is_x.defined()) l.k.amx_rows.specialize(l.kv_is_x);
     if (l.k.pair_sums.defined() && l.kv_is_x.defined() && l.k.input.name() != l.x_quantized.values.name()) {
         // K's and V's u8 rows copied once from x's or kv's quantization (kv_or_x): read in place,
         // the select's two loads share one index, which then hides each quad's broadcast load
