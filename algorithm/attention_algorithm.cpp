@@ -116,7 +116,7 @@ QuantizedRows quantized_to_u8(const std::string &name, Func in, Expr features) {
     return q;
 }
 
-Func amx_rows(const std::string &name, Func in, Expr features, Expr tokens) {
+Func rows_for_amx_tiles(const std::string &name, Func in, Expr features, Expr tokens) {
     const Var &k = dims.hidden, &s = dims.seq, &b = dims.batch;
     Func rows{name};
     // Zero past the features (times the panels' zero weights there: no Inf · 0).
@@ -140,7 +140,8 @@ Linear linear(const std::string &name, Func in, Func weight, Func bias, Expr fea
                                << kAmxTileColumns << " outputs\n";
         const int group = features_a_group(precision);
         Var lane{"lane"}, in_panel{"in_panel"};
-        l.amx_rows = shared_amx_rows.defined() ? shared_amx_rows : amx_rows(name + "_amx_rows", in, features, tokens);
+        l.amx_rows =
+            shared_amx_rows.defined() ? shared_amx_rows : rows_for_amx_tiles(name + "_amx_rows", in, features, tokens);
         // Over a panel's rows (grouped_rows: whole tiles' features).
         l.k = RDom(0, grouped_rows(features, group) * group, name + "_k");
         Expr k = l.k.x, x = l.amx_rows(k, s, b);
@@ -743,17 +744,18 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     // A bf16 flash core reads Q, K and V rounded to bf16: the projections store them so,
     // rounded once as they are computed (the same rounding), half the bytes to write and read.
     const Type qkv_type = !in.output_probs && in.core_precision == Precision::bf16 ? BFloat(16) : Float(32);
-    // AMX: the rows the tiles read, made once for Q and once for K and V (once for all three
-    // where kv is x and has x's rows: packed sequences).
-    Func x_tile_rows, kv_tile_rows;
+    // AMX: the rows the tiles read, copied once for Q and once for K and V, each copy rounding
+    // (bf16) as it reads; one copy for all three where kv is x's Func with x's rows (packed
+    // sequences). Where kv is x only at run time (kv_is_x), K's and V's copy reads x again.
+    Func x_amx_rows, kv_amx_rows;
     if (in.amx_tiles) {
-        x_tile_rows = amx_rows("x_amx_rows", x, in.hidden, q_rows);
-        kv_tile_rows = self_attention && q_rows.same_as(kv_rows_all)
-                           ? x_tile_rows
-                           : amx_rows("kv_amx_rows", kv, in.hidden, kv_rows_all);
+        x_amx_rows = rows_for_amx_tiles("x_amx_rows", x, in.hidden, q_rows);
+        kv_amx_rows = self_attention && q_rows.same_as(kv_rows_all)
+                          ? x_amx_rows
+                          : rows_for_amx_tiles("kv_amx_rows", kv, in.hidden, kv_rows_all);
     }
     l.q = linear("q", x, in.w_q, in.b_q, in.hidden, q_rows, Func(), in.weight_layout, in.precision, q_int8, qkv_type,
-                 in.weight_panel, in.amx_tiles, x_tile_rows);
+                 in.weight_panel, in.amx_tiles, x_amx_rows);
     Func kv_rows{"kv_rows"};  // the flash core reads K and V up to the chunk holding each batch's last real key
     if (!in.output_probs && !packed) {
         l.key_end = last_real_key(in.key_padding_mask, in.s_k);
@@ -762,10 +764,10 @@ AttentionLayer attention_layer(const LayerInputs &in) {
     }
     if (in.precision == Precision::int8) kv_int8.weight = scales_of(1);
     l.k = linear("k", kv, in.w_k, in.b_k, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8,
-                 qkv_type, in.weight_panel, in.amx_tiles, kv_tile_rows);
+                 qkv_type, in.weight_panel, in.amx_tiles, kv_amx_rows);
     if (in.precision == Precision::int8) kv_int8.weight = scales_of(2);
     l.v = linear("v", kv, in.w_v, in.b_v, in.hidden, kv_rows_all, kv_rows, in.weight_layout, in.precision, kv_int8,
-                 qkv_type, in.weight_panel, in.amx_tiles, kv_tile_rows);
+                 qkv_type, in.weight_panel, in.amx_tiles, kv_amx_rows);
     l.q_heads = split_heads("q_heads", l.q.out, head_dim);
     l.k_heads = split_heads("k_heads", l.k.out, head_dim);
     l.v_heads = split_heads("v_heads", l.v.out, head_dim);

@@ -141,8 +141,9 @@ struct Linear {
     // AMX tiles (amx_tiles: bf16 and int8 on a target with AMX): the product is
     // amx_tile(out % 16, out / 16, seq, batch), one 16 × 16 tile of outputs a panel of 16 by 16
     // rows, summed over k (its features padded to a tile's, zero weights past them) from
-    // amx_rows, the rows of `input` copied (their reads clamped, as a tile's 16 rows run past
-    // the last), each tile's operands as Halide's AMX lowering (ExtractTileOperations)
+    // amx_rows, the rows of `input` copied, zero past the features (rows_for_amx_tiles: their
+    // reads clamped, as a tile's 16 rows run past the last; possibly shared with another
+    // projection of the same input), each tile's operands as Halide's AMX lowering (ExtractTileOperations)
     // matches them: rows of the activations and rows of the grouped weight (grouped_at). k is
     // then one dimension over the padded features, and weight_transposed is undefined.
     Halide::Func amx_rows, amx_tile;
@@ -159,9 +160,10 @@ Linear linear(const std::string &name, Halide::Func in, Halide::Func weight, Hal
               Halide::Type out_type = Halide::Float(32), int panel = 0,  // panel: WeightLayout::panels, ::grouped
               bool amx_tiles = false, Halide::Func shared_amx_rows = Halide::Func());
 // What a projection's AMX tiles read (Linear::amx_rows): in's rows (hidden, seq, batch) clamped
-// to the tokens, zero past the features. Made by linear(), or once here for projections of the
-// same input, which then share it (linear's shared_amx_rows): one pass over the rows, not one each.
-Halide::Func amx_rows(const std::string &name, Halide::Func in, Halide::Expr features, Halide::Expr tokens);
+// to the tokens, zero past the features. linear() makes its own, unless given shared_amx_rows:
+// rows_for_amx_tiles(..., in, features, tokens) made by the caller for projections of the same
+// input, which then share one copy (the fused layer's Q, and K with V).
+Halide::Func rows_for_amx_tiles(const std::string &name, Halide::Func in, Halide::Expr features, Halide::Expr tokens);
 
 // The outputs of an AMX tile (16 f32 or i32 columns), and the input features (or keys) one tile
 // product sums here: 32, a bf16 tile's 16 rows of pairs, and an int8 tile's 8 rows of quads
@@ -169,6 +171,7 @@ Halide::Func amx_rows(const std::string &name, Halide::Func in, Halide::Expr fea
 // int8 layers' flash core sums bf16 tiles; with it they ran 1.13-1.53x as fast as with their
 // 64-feature tiles and the core in f32 vectors on an Intel Xeon VM, docs/measurements.md).
 constexpr int kAmxTileColumns = 16;
+constexpr int kAmxTileRows = 16;  // rows of activations (or queries) a tile holds
 constexpr int kAmxTileStep = 2 * kAmxTileColumns;
 // The rows a panel of a grouped weight (WeightLayout::grouped) holds: its input features'
 // groups, rounded up to an AMX tile's 16 rows (zeros past the features), so that every panel
@@ -427,7 +430,9 @@ PackedSequences packed_sequences(Halide::Func offsets, Halide::Expr sequences, H
 
 // The whole layer, with every intermediate Func named so schedules can reach it.
 struct AttentionLayer {
-    Halide::Func x_rounded, kv_rounded;  // bf16: what the projections read (kv_rounded == x_rounded for self-attention)
+    // bf16: what the projections read (kv_rounded == x_rounded for self-attention); with AMX
+    // tiles never stored on their own, but rounded as the tiles' rows are copied (Linear::amx_rows)
+    Halide::Func x_rounded, kv_rounded;
     QuantizedRows x_quantized, kv_quantized;  // int8: likewise (their values are x_rounded and kv_rounded)
     Halide::Expr kv_is_x;                      // LayerInputs::kv_is_x: the K and V projections' specialization
     Linear q, k, v;

@@ -274,19 +274,23 @@ void amx_tile_products(Func tile, Func stored, RVar step_inner, RVar steps) {
         .vectorize(t[2]);
 }
 
-// A projection in AMX tiles (attn_gen::Linear::amx_tile): a task is a panel of 16 outputs,
-// which serves every row, a 16 × 16 tile of outputs at a time (16 rows: the most a tile
-// holds), each stored (amx_tile.in(), rows 32 floats apart: a whole-tile store, which Halide's
-// AMX lowering matches as a 2-D one) and read by the epilogue. Its rows are copied once,
-// a task per 16 of them, vectorized across the row.
+// A projection in AMX tiles (attn_gen::Linear::amx_tile), a 16 × 16 tile of outputs at a time
+// (16 rows: the most a tile holds), each stored (amx_tile.in(), rows 32 floats apart: a
+// whole-tile store, which Halide's AMX lowering matches as a 2-D one) and read by the epilogue.
 // `out` is what is computed: the projection's out, or a Func it is inlined into (the dense
-// output projection's, with its residual). `at_row_block`: `at` is a loop over blocks of 16
-// rows of out's consumer, which are the tasks (schedule_output); out's panels then run
-// inside, in parallel only on more than kFewThreads threads. `with_rows`: schedule l.amx_rows
-// too (false for a projection sharing another's: attn_gen::amx_rows).
-void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const Target &target,
-                             bool at_row_block = false, bool with_rows = true) {
-    const int columns = attn_gen::kAmxTileColumns, rows_a_tile = 16;
+// output projection's, with its residual). Its tasks:
+//   - AmxTasks::panels: a panel of 16 outputs, which serves every row, or 4 panels on at most
+//     kFewThreads threads;
+//   - AmxTasks::row_blocks: `at` is its consumer's loop over blocks of 16 rows, which are the
+//     tasks (schedule_output); the block's panels run inside, on more than kFewThreads threads
+//     4 a task of a nested parallel loop. (Nested on 2 threads too, so that a call of 16 tokens
+//     would not run them on one, they ran at 0.97-0.99 of the speed before at 128-384 tokens.)
+// `rows_too`: schedule l.amx_rows (its rows copied once, a task per 16 of them, vectorized
+// across the row); false for a projection sharing another's (attn_gen::rows_for_amx_tiles).
+enum class AmxTasks { panels, row_blocks };
+void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const Target &target, AmxTasks tasks,
+                             bool rows_too) {
+    const int columns = attn_gen::kAmxTileColumns, rows_a_tile = attn_gen::kAmxTileRows;
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
     const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
     Var oo{"oo"}, oi{"oi"};
@@ -297,12 +301,16 @@ void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const T
         .split(rows, so, si, rows_a_tile, kGuard)
         .reorder(oi, si, so, b, oo)
         .vectorize(oi);
-    // A task is a panel of 16 outputs on more than kFewThreads threads; with fewer, 4 panels,
-    // longer tasks that each read the rows once more from their own L2 (1.02-1.06x at two
-    // threads on an Intel Xeon VM; at 2 threads BERT-base's 48 panels still make 12 tasks).
-    stage.specialize(kernel_threads() > kFewThreads).parallel(oo);
     Var ooo{"ooo"}, ooi{"ooi"};
-    if (!at_row_block) stage.split(oo, ooo, ooi, kAmxPanelsPerTask, kGuard).parallel(ooo);
+    if (tasks == AmxTasks::panels) {
+        // 4 panels a task on few threads: longer tasks that each read the rows once more from
+        // their own L2 (1.02-1.06x at two threads on an Intel Xeon VM; at 2 threads BERT-base's
+        // 48 panels still make 12 tasks).
+        stage.specialize(kernel_threads() > kFewThreads).parallel(oo);
+        stage.split(oo, ooo, ooi, kAmxPanelsPerTask, kGuard).parallel(ooo);
+    } else {
+        stage.specialize(kernel_threads() > kFewThreads).split(oo, ooo, ooi, kAmxPanelsPerTask, kGuard).parallel(ooo);
+    }
     std::vector<Var> t = l.amx_tile.args();  // (lane, in_panel, seq, batch)
     Func stored = l.amx_tile.in();
     stored.compute_at(LoopLevel(out, so))
@@ -315,7 +323,7 @@ void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const T
     RVar ko{"ko"}, ki{"ki"};
     l.amx_tile.update().split(l.k.x, ko, ki, attn_gen::kAmxTileStep);
     amx_tile_products(l.amx_tile, stored, ki, ko);
-    if (!with_rows) return;
+    if (!rows_too) return;
     const int vw = vector_width(target);
     Var ko_rows{"ko_rows"}, ki_rows{"ki_rows"};
     l.amx_rows.compute_root()
@@ -325,9 +333,10 @@ void schedule_amx_projection(Func out, attn_gen::Linear l, LoopLevel at, const T
         .vectorize(dims.hidden, vw, kGuard);
 }
 
+// `amx_rows_too`: as schedule_amx_projection's rows_too.
 void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, const Target &target,
-                         Expr reads = Expr(), bool with_rows = true) {
-    if (l.amx_tile.defined()) return schedule_amx_projection(l.out, l, at, target, false, with_rows);
+                         Expr reads = Expr(), bool amx_rows_too = true) {
+    if (l.amx_tile.defined()) return schedule_amx_projection(l.out, l, at, target, AmxTasks::panels, amx_rows_too);
     const VarOrRVar rows = l.row.defined() ? VarOrRVar(l.row.x) : VarOrRVar(dims.seq);
     schedule_panel_gemm(l.out, l.weight_transposed, l.product, rvars(l.k), rows, at, t, target, l.precision,
                         l.weight_layout, reads, l.weight_widened, l.input_widened, l.pair_sums);
@@ -335,6 +344,7 @@ void schedule_projection(attn_gen::Linear l, LoopLevel at, const CpuTiling &t, c
 
 // The bf16 activations Q and then K and V read, each rounded once (one Func for both in
 // self-attention's stage; the fused layer's kv_rounded is computed only when kv is not x).
+// Not for AMX tiles, whose rows round as they are copied (attn_gen::Linear::amx_rows).
 void schedule_rounded_inputs(Func x, Func kv, const Target &target) {
     schedule_rows(x, target);
     if (kv.name() != x.name()) schedule_rows(kv, target);
@@ -480,7 +490,11 @@ void schedule_context(attn_gen::WeightedSum w, const CpuTiling &t, const Target 
 
 // dense = residual + bias + ctx·W_oᵀ as a projection (packed panels, register tiles),
 // then LayerNorm per block of rows, reading dense back from cache: the statistics
-// need whole rows, which a panel does not have.
+// need whole rows, which a panel does not have. With AMX tiles, dense is computed inside
+// LayerNorm's blocks of 16 rows (a tile's), each panel's tile and epilogue in turn (W_o's
+// panels from L2, the block's rows in L1): the residual's rows are read, and dense's written
+// and read back, 16 whole rows at a time, not a panel's 64 bytes of every row of the batch
+// (strided, from memory at B=8: 7.9% of the bf16 layer's time there, 1.3% so).
 void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Target &target) {
     const int vw = vector_width(target);
     const Var &o = dims.hidden, &s = dims.seq, &b = dims.batch;
@@ -498,7 +512,7 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
             .vectorize(n.context_features.x, vw, kGuard);
         if (n.context_quantized.values.defined()) schedule_quantized(n.context_quantized, target);
         if (n.rounded.amx_tile.defined()) {
-            schedule_amx_projection(n.dense, n.rounded, LoopLevel(n.y, so), target, true);
+            schedule_amx_projection(n.dense, n.rounded, LoopLevel(n.y, so), target, AmxTasks::row_blocks, true);
         } else {
             schedule_panel_gemm(n.dense, n.weight_transposed, n.rounded.product, rvars(n.rounded.k), s,
                                 LoopLevel::root(), t, target, n.rounded.precision, n.weight_layout, Expr(),
@@ -508,13 +522,9 @@ void schedule_output(attn_gen::OutputLayerNorm n, const CpuTiling &t, const Targ
         schedule_panel_gemm(n.dense, n.weight_transposed, n.projection, rvars(n.in_feature), s, LoopLevel::root(), t,
                             target, attn_gen::Precision::fp32, n.weight_layout);
     }
-    // With AMX tiles, a block of rows is one tile's 16: dense is computed per block, each
-    // panel's tile and epilogue in turn (W_o's panels from L2, the block's rows in L1), so that
-    // the residual's rows are read, and dense's written and read back, 16 whole rows at a
-    // time, not a panel's 64 bytes of every row of the batch (strided, from memory at B=8).
     const bool amx = n.rounded.amx_tile.defined();
     n.y.compute_root()
-        .split(s, so, si, amx ? 16 : t.tile_rows, kGuard)
+        .split(s, so, si, amx ? attn_gen::kAmxTileRows : t.tile_rows, kGuard)
         .reorder(o, si, so, b)
         .vectorize(o, vw, kGuard)
         .parallel(so)
@@ -696,21 +706,27 @@ void schedule_attention_layer_cpu(attn_gen::AttentionLayer l, bool probs_are_out
                                   const Target &target) {
     const int vw = vector_width(target);
     const Var &j = dims.key, &i = dims.query, &h = dims.head, &b = dims.batch;
-    // What the projections read, rounded or quantized once (kv's is skipped when kv is x: l.kv_is_x).
+    // What the projections read, rounded or quantized (kv's is skipped when kv is x: l.kv_is_x).
     if (l.x_quantized.values.defined()) {
         schedule_quantized(l.x_quantized, target);
         if (l.kv_quantized.values.name() != l.x_quantized.values.name()) schedule_quantized(l.kv_quantized, target);
     } else if (l.x_rounded.defined() && !l.q.amx_tile.defined()) {
-        // (AMX tiles read rows rounded as they are copied: attn_gen::amx_rows.)
         schedule_rounded_inputs(l.x_rounded, l.kv_rounded, target);
     }
+    // AMX tiles' rows, each copy scheduled once by the first projection that reads it: K and V
+    // share one, which is Q's where kv is x's Func with x's rows (attn_gen::attention_layer).
+    auto owns_amx_rows = [](attn_gen::Linear l, std::vector<attn_gen::Linear> earlier) {
+        for (const attn_gen::Linear &e : earlier)
+            if (l.amx_rows.defined() && l.amx_rows.name() == e.amx_rows.name()) return false;
+        return true;
+    };
     schedule_projection(l.q, LoopLevel::root(), t, target);
-    // AMX: K and V share their tile rows, and share Q's where kv is x (attn_gen::amx_rows).
-    const bool kv_rows_of_their_own = l.k.amx_rows.defined() && l.k.amx_rows.name() != l.q.amx_rows.name();
-    schedule_projection(l.k, LoopLevel::root(), t, target, l.kv_is_x, kv_rows_of_their_own);
-    schedule_projection(l.v, LoopLevel::root(), t, target, l.kv_is_x, false);
-    // K's and V's tile rows from x's or kv's, whichever kv_is_x names: only one is read.
-    if (kv_rows_of_their_own && l.kv_is_x.defined()) l.k.amx_rows.specialize(l.kv_is_x);
+    const bool k_owns_amx_rows = owns_amx_rows(l.k, {l.q});
+    schedule_projection(l.k, LoopLevel::root(), t, target, l.kv_is_x, k_owns_amx_rows);
+    schedule_projection(l.v, LoopLevel::root(), t, target, l.kv_is_x, owns_amx_rows(l.v, {l.q, l.k}));
+    // Where kv is x only at run time, K's and V's rows are copied from x's or kv's, whichever
+    // kv_is_x names: a version of the copy for each, so that only one is read.
+    if (l.k.amx_rows.defined() && k_owns_amx_rows && l.kv_is_x.defined()) l.k.amx_rows.specialize(l.kv_is_x);
     if (l.k.pair_sums.defined() && l.kv_is_x.defined() && l.k.input.name() != l.x_quantized.values.name()) {
         // K's and V's u8 rows copied once from x's or kv's quantization (kv_or_x): read in place,
         // the select's two loads share one index, which then hides each quad's broadcast load

@@ -149,7 +149,7 @@ void Attention::forward(const AttentionInputs &in, MutableTensor y, MutableTenso
     }
     call.input("key_padding_mask", mask).input("bias", bias).input("x", x, in.x.memory);
     // Self-attention passes x as kv: the layer's one function takes both. The bf16 and int8
-    // layers are told so, and round or quantize x once for Q, K and V.
+    // layers are told so (kv_is_x), and K and V read x's rounding or quantization, not kv's.
     if (cross) {
         call.input("kv", kv, in.kv.memory);
     } else {
