@@ -423,7 +423,9 @@ void schedule_amx_tiles(Func tile, RVar step_inner, RVar steps, LoopLevel at, in
     const std::vector<Var> t = tile.args();  // (lane, tile, query_in_block, ...)
     Var rows{"rows"}, row{"row"};
     Func stored = tile.in();
-    stored.compute_at(at).bound(t[0], 0, side).bound(t[2], 0, query_block);
+    // On the stack: the context's tiles have a runtime size (d/16 of them), which Halide
+    // would otherwise allocate from the heap for each block (2.5% of the core alone at S=384).
+    stored.compute_at(at).store_in(MemoryType::Stack).bound(t[0], 0, side).bound(t[2], 0, query_block);
     if (tiles > 0) stored.bound(t[1], 0, tiles);
     stored.split(t[2], rows, row, side).reorder(t[0], row, t[1], rows).vectorize(t[0]).vectorize(row);
     amx_tile_products(tile, stored, step_inner, steps);
@@ -626,7 +628,7 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
         // rows are too: the tiles' loads then index them without an offset, as Halide's AMX
         // lowering matches them.
         f.ctx.bound(e, 0, f.head_dim);
-        f.queries.compute_at(rows).vectorize(e, vw, kGuard);
+        f.queries.compute_at(rows).store_in(MemoryType::Stack).vectorize(e, vw, kGuard);
     } else if (bf16) {
         // K and V rounded in pairs (attn_gen::FlashAttention::keys, values), per head.
         schedule_pairs(f.keys, pair, target);
