@@ -38,6 +38,31 @@ static void report(const char *what, uint64_t start, long products) {
     printf("%-70s %5.1f TSC ticks a product\n", what, (double)(__rdtsc() - start) / products);
 }
 
+// The GEMM with one accumulator tile, panel_block panels by row_block tiles of rows at a time,
+// k_block steps a visit of each tile (the accumulator stored and loaded back between visits):
+// with 1, ROW_TILES and STEPS, the projections' order. Returns the tile products done.
+static long gemm_one_accumulator(int panel_block, int row_block, int k_block) {
+    long products = 0;
+    for (int pb = 0; pb < PANELS; pb += panel_block)
+        for (int rb = 0; rb < ROW_TILES; rb += row_block)
+            for (int k0 = 0; k0 < STEPS; k0 += k_block)
+                for (int p = pb; p < pb + panel_block; ++p)
+                    for (int r = rb; r < rb + row_block; ++r) {
+                        if (k0 == 0)
+                            _tile_zero(0);
+                        else
+                            _tile_loadd(0, OUT(r, p), 64);
+                        for (int k = k0; k < k0 + k_block; ++k) {
+                            _tile_loadd(4, ROWS(r, k), 2 * K);
+                            _tile_loadd(5, PANEL(p, k), 64);
+                            _tile_dpbf16ps(0, 4, 5);
+                        }
+                        _tile_stored(0, OUT(r, p), 64);
+                        products += k_block;
+                    }
+    return products;
+}
+
 int main(void) {
     if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
         fprintf(stderr, "amx_tile_floor: Linux refused the AMX tile state (no AMX here?)\n");
@@ -77,41 +102,11 @@ int main(void) {
         _tile_stored(0, out, 64);
         report("one accumulator, both operands loaded from L1", t, n);
 
-        long products = 0;
         t = __rdtsc();
-        for (int p = 0; p < PANELS; ++p)
-            for (int r = 0; r < ROW_TILES; ++r) {
-                _tile_zero(0);
-                for (int k = 0; k < STEPS; ++k) {
-                    _tile_loadd(4, ROWS(r, k), 2 * K);
-                    _tile_loadd(5, PANEL(p, k), 64);
-                    _tile_dpbf16ps(0, 4, 5);
-                }
-                _tile_stored(0, OUT(r, p), 64);
-                products += STEPS;
-            }
+        long products = gemm_one_accumulator(1, ROW_TILES, STEPS);
         report("GEMM, one accumulator, a panel's rows in turn (rows from L2)", t, products);
-
-        const int k_block = 4, row_block = 4, panel_block = 4;
-        products = 0;
         t = __rdtsc();
-        for (int pb = 0; pb < PANELS; pb += panel_block)
-            for (int rb = 0; rb < ROW_TILES; rb += row_block)
-                for (int k0 = 0; k0 < STEPS; k0 += k_block)
-                    for (int p = pb; p < pb + panel_block; ++p)
-                        for (int r = rb; r < rb + row_block; ++r) {
-                            if (k0 == 0)
-                                _tile_zero(0);
-                            else
-                                _tile_loadd(0, OUT(r, p), 64);
-                            for (int k = k0; k < k0 + k_block; ++k) {
-                                _tile_loadd(4, ROWS(r, k), 2 * K);
-                                _tile_loadd(5, PANEL(p, k), 64);
-                                _tile_dpbf16ps(0, 4, 5);
-                            }
-                            _tile_stored(0, OUT(r, p), 64);
-                            products += k_block;
-                        }
+        products = gemm_one_accumulator(4, 4, 4);
         report("GEMM, one accumulator, 4 x 4 tiles by 4 steps (stored, loaded back)", t, products);
 
         products = 0;
