@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
 #include <iostream>
 #include <mutex>
@@ -365,6 +366,63 @@ TEST(Threads, PoolRunsEveryTaskOnce) {
             << threads << " threads";
         EXPECT_EQ(failing.runs[37].load(), 1);
         for (const std::atomic<int> &runs : failing.runs) EXPECT_LE(runs.load(), 1) << threads << " threads, failing";
+    }
+}
+
+// The pool deals a loop's tasks in contiguous runs, one a thread (runtime/src/threads.cpp's
+// Loop), so that task i of every loop of n tasks runs on the same thread while the threads
+// keep pace. Each task here waits until every thread has started one (a barrier of `threads`),
+// so none can finish its run early and take another's: in a loop of 2·threads tasks, thread k
+// runs tasks 2k and 2k + 1, and in the next loop, of `threads` tasks, task k, on the same thread.
+struct TaskThreads {
+    std::mutex mutex;
+    std::condition_variable all_started;
+    int parties = 0, arrived = 0, generation = 0;
+    bool timed_out = false;
+    std::vector<std::thread::id> thread_of;
+    // Waits until `parties` tasks have arrived (at most 10 s: a pool that never brings a
+    // thread fails the test instead of hanging it).
+    void arrive(int task) {
+        std::unique_lock<std::mutex> lock(mutex);
+        thread_of[std::size_t(task)] = std::this_thread::get_id();
+        const int mine = generation;
+        if (++arrived == parties) {
+            arrived = 0, ++generation;
+            all_started.notify_all();
+            return;
+        }
+        if (!all_started.wait_for(lock, std::chrono::seconds(10), [&] { return generation != mine; })) {
+            timed_out = true;
+            arrived = 0, ++generation;  // releases the others
+            all_started.notify_all();
+        }
+    }
+};
+int task_at_barrier(void *, int index, uint8_t *closure) {
+    reinterpret_cast<TaskThreads *>(closure)->arrive(index);
+    return 0;
+}
+
+TEST(Threads, PoolDealsEachThreadTheSameRunOfEveryLoop) {
+    const KernelThreadsRestored restored;
+    ASSERT_NE(current_do_par_for(), halide_default_do_par_for) << "the library's pool is not installed";
+    for (const int threads : {2, 4}) {
+        set_num_threads(threads);
+        TaskThreads pairs, singles;
+        pairs.parties = singles.parties = threads;
+        pairs.thread_of.resize(std::size_t(2 * threads));
+        singles.thread_of.resize(std::size_t(threads));
+        ASSERT_EQ(halide_do_par_for(nullptr, task_at_barrier, 0, 2 * threads, reinterpret_cast<uint8_t *>(&pairs)), 0);
+        ASSERT_EQ(halide_do_par_for(nullptr, task_at_barrier, 0, threads, reinterpret_cast<uint8_t *>(&singles)), 0);
+        ASSERT_FALSE(pairs.timed_out || singles.timed_out) << threads << " threads: a task waited 10 s for the others";
+        const std::set<std::thread::id> distinct(singles.thread_of.begin(), singles.thread_of.end());
+        EXPECT_EQ(distinct.size(), std::size_t(threads)) << threads << " threads";
+        for (int k = 0; k < threads; ++k) {
+            const std::size_t i = std::size_t(k);
+            EXPECT_EQ(pairs.thread_of[2 * i], pairs.thread_of[2 * i + 1]) << threads << " threads, run " << k;
+            EXPECT_EQ(pairs.thread_of[2 * i], singles.thread_of[i]) << threads << " threads, run " << k;
+        }
+        EXPECT_EQ(singles.thread_of[0], std::this_thread::get_id()) << "the caller runs the first run";
     }
 }
 
