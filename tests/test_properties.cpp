@@ -307,7 +307,8 @@ TEST(Threads, KernelsRunOnAtMostTheThreadsSet) {
 // The library's pool (runtime/src/threads.cpp) through Halide's own entry point, as the
 // kernels call it: every task of a loop runs exactly once, from its `min`, at 1 to 8 threads;
 // a task's own loop (nested parallelism) too; loops from several application threads at once
-// each finish whole; a failing task's code is the loop's, and no task runs twice.
+// each finish whole; a loop of no task runs none; a failing task's code is the loop's, and no
+// task runs twice.
 struct TaskCounts {
     std::vector<std::atomic<int>> runs;
     int fail_at = -1;
@@ -360,6 +361,12 @@ TEST(Threads, PoolRunsEveryTaskOnce) {
         }
         for (std::thread &caller : callers) caller.join();
         for (int c = 0; c < 4; ++c) EXPECT_EQ(wrong[std::size_t(c)], "") << threads << " threads, caller " << c;
+        // A loop of no task (or fewer: Halide's own do_par_for runs none) runs none.
+        for (const int none : {0, -1, -1000}) {
+            TaskCounts counts(1);
+            EXPECT_EQ(halide_do_par_for(nullptr, count_task, 100, none, reinterpret_cast<uint8_t *>(&counts)), 0);
+            EXPECT_EQ(counts.runs[0].load(), 0) << threads << " threads, a loop of " << none << " tasks";
+        }
         TaskCounts failing(200);
         failing.fail_at = 37;
         EXPECT_EQ(halide_do_par_for(nullptr, count_task, 100, 200, reinterpret_cast<uint8_t *>(&failing)), -7)

@@ -49,26 +49,34 @@ void cpu_relax() {
 thread_local int pool_slot = 0;
 
 // One parallel loop of a kernel. Its tasks are dealt in contiguous runs, one a thread of the
-// pool, as OpenMP's static schedule deals them: a thread runs its own run from the front, then
-// takes what is left of the others' from their backs (a thread that is late has its run taken
-// by the others). So task i of every loop of n tasks falls to thread i·threads/n while the
-// threads keep pace, and a stage reads what the same thread computed in the stage before, from
-// its own cache: the heads of Q, K and V a thread's projection panels computed are the heads
-// its core tasks read. Claimed in turn from one counter, half of them came from the other
-// core's cache: on the Intel Xeon VM at two threads, MiniLM's core loop ran at 0.78 of twice
-// its one-thread speed and its projections at 0.87; in runs 0.88 and 0.96.
+// pool up to the loop's task count, as OpenMP's static schedule deals them: a thread runs the
+// run of its slot (pool_slot % runs) from the front, then takes what is left of the others'
+// from their backs (a thread that is late has its run taken by the others). So where two
+// loops' task counts divide alike (a projection's panels and the core's heads, both of the
+// hidden features), the tasks of the same features fall to the same thread, which then reads
+// what it computed in the loop before from its own cache: the heads of Q, K and V a thread's
+// projection panels computed are the heads its core tasks read. Claimed in turn from one
+// counter, half of them came from the other core's cache: on the Intel Xeon VM at two
+// threads, MiniLM's core loop ran at 0.78 of twice its one-thread speed and its projections
+// at 0.87; in runs 0.88 and 0.96.
 struct Loop {
-    static constexpr int kMaxRuns = 64;  // threads past it share runs (index % runs)
+    static constexpr int kMaxRuns = 64;  // threads past it share runs (slot % runs)
+    // A run's tasks still to claim, [front, back), in 32 bits each of one word; each run on a
+    // cache line of its own, apart from the fields every task reads, so that threads claiming
+    // from their own runs do not take the line from each other.
+    struct alignas(64) Run {
+        std::atomic<uint64_t> ends;
+    };
     void *user_context;
     halide_task_t task;
     uint8_t *closure;
     int min, size;
     int runs = 1;
-    // Per run, its (front, back) in 32 bits each: tasks [front, back) are still to claim.
-    std::atomic<uint64_t> ends[kMaxRuns];
-    std::atomic<int> helpers{0};  // workers working on it (added under the pool's lock)
-    std::atomic<int> status{0};   // the first failing task's code
+    Run run[kMaxRuns];
+    alignas(64) std::atomic<int> helpers{0};  // workers working on it (added under the pool's lock)
+    std::atomic<int> status{0};               // the first failing task's code
 
+    // size > 0 (pool_do_par_for runs no loop of none).
     Loop(void *user_context, halide_task_t task, uint8_t *closure, int min, int size, int threads)
         : user_context(user_context),
           task(task),
@@ -78,30 +86,30 @@ struct Loop {
           runs(std::max(1, std::min({threads, size, kMaxRuns}))) {
         for (int r = 0; r < runs; ++r) {
             const uint64_t front = uint64_t(size) * r / runs, back = uint64_t(size) * (r + 1) / runs;
-            ends[r].store(back << 32 | front, std::memory_order_relaxed);
+            run[r].ends.store(back << 32 | front, std::memory_order_relaxed);
         }
     }
 
     bool open() const {
         for (int r = 0; r < runs; ++r) {
-            const uint64_t e = ends[r].load(std::memory_order_relaxed);
+            const uint64_t e = run[r].ends.load(std::memory_order_relaxed);
             if (uint32_t(e) < uint32_t(e >> 32)) return true;
         }
         return false;
     }
     // No further task starts (one failed).
     void close() {
-        for (int r = 0; r < runs; ++r) ends[r].store(0, std::memory_order_relaxed);
+        for (int r = 0; r < runs; ++r) run[r].ends.store(0, std::memory_order_relaxed);
     }
-    // The next task of run r, from its front (its owner) or its back (another thread); -1 when
-    // none is left.
+    // The next task of run r, from its front (the threads whose run it is) or its back (the
+    // others); -1 when none is left.
     int claim(int r, bool front) {
-        uint64_t e = ends[r].load(std::memory_order_relaxed);
+        uint64_t e = run[r].ends.load(std::memory_order_relaxed);
         for (;;) {
             const uint32_t f = uint32_t(e), b = uint32_t(e >> 32);
             if (f >= b) return -1;
             const uint64_t claimed = front ? (uint64_t(b) << 32 | (f + 1)) : (uint64_t(b - 1) << 32 | f);
-            if (ends[r].compare_exchange_weak(e, claimed, std::memory_order_relaxed)) return int(front ? f : b - 1);
+            if (run[r].ends.compare_exchange_weak(e, claimed, std::memory_order_relaxed)) return int(front ? f : b - 1);
         }
     }
     // Runs tasks until none is left to claim: this thread's run, then the others'. Halide's
@@ -199,8 +207,8 @@ public:
     int threads() const { return threads_.load(std::memory_order_relaxed); }
 
     // Under thread_count_mutex: `threads` - 1 workers (the caller is the other). Workers of
-    // the previous count finish the task they run and leave; a loop running meanwhile
-    // finishes with the threads it has.
+    // the previous count finish the loop they work on (they claim its tasks until none is
+    // left) and leave; a loop running meanwhile finishes with the threads it has.
     void set_threads(int threads) {
         if (threads == threads_.load()) return;
         {
@@ -311,6 +319,7 @@ Pool &pool() {
 }
 
 int pool_do_par_for(void *user_context, halide_task_t task, int min, int size, uint8_t *closure) {
+    if (size <= 0) return 0;  // as Halide's own do_par_for: a loop of no task runs none
     Loop loop(user_context, task, closure, min, size, pool().threads());
     return pool().run(loop);
 }
