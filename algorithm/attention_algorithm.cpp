@@ -634,7 +634,14 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     f.one_key_block = s_k <= K;
     const RVar &block = f.key_blocks.x;
     f.running = Func{"running"};
-    f.running(e, qi, qb, h, b) = Tuple(0.0f, kLowest, 0.0f);
+    // Undefined until the first block visited sets it (below), so nothing is stored before; a
+    // query block that visits none reads zeros instead (block_result).
+    const bool from_first_block = blocking.state_from_first_block;
+    if (from_first_block) {
+        f.running(e, qi, qb, h, b) = Tuple(undef<float>(), undef<float>(), undef<float>());
+    } else {
+        f.running(e, qi, qb, h, b) = Tuple(0.0f, kLowest, 0.0f);
+    }
     FuncRef now = f.running(e, qi, qb, h, b);
     Expr offset = offset_of(qi, qb, block, h, b);
     Expr new_max = max(now[1], offset);
@@ -648,13 +655,35 @@ FlashAttention flash_attention(Func q_heads, Func k_heads, Func v_heads, Func ke
     Expr first = block == 0;
     Expr keep_old = select(first, 0.0f, select(block_is_max, rescale, 1.0f));
     Expr keep_block = select(first || block_is_max, 1.0f, rescale);
-    f.running(e, qi, qb, h, b) = Tuple(now[0] * keep_old + f.block_context(e, qi, qb, block, h, b) * keep_block,
-                                       new_max, now[2] * keep_old + f.block_sum(qi, qb, block, h, b) * keep_block);
-
+    Expr block_context = f.block_context(e, qi, qb, block, h, b), block_sum = f.block_sum(qi, qb, block, h, b);
+    // A row with no key kept sums to 0 and gets zeros; a NaN sum still propagates.
+    auto context_over = [](Expr context, Expr sum) { return select(sum == 0.0f, 0.0f, context / sum); };
     f.block_result = Func{"block_result"};
     FuncRef done = f.running(e, qi, qb, h, b);
-    // A row with no key kept sums to 0 and gets zeros; a NaN sum still propagates.
-    f.block_result(e, qi, qb, h, b) = select(done[2] == 0.0f, 0.0f, done[0] / done[2]);
+    if (from_first_block) {
+        // The first block is the state itself (the undefined state is never read). Where it is
+        // the only one (one_key_block) it divides the context by its sum as it stores it, and
+        // leaves the max and the sum as they are (stores of what they load, which Halide drops);
+        // otherwise a second update divides, after the last block. block_result copies.
+        // The sum's zero is tested on its bits: it is one per row at one key block, and LLVM
+        // (Halide's no-NaN flags) makes a float test of a scalar one that a NaN passes as 0.
+        auto context_over_sum = [](Expr context, Expr sum) {
+            return select((reinterpret<uint32_t>(sum) << 1) == cast<uint32_t>(0), 0.0f, context / sum);
+        };
+        Expr merged_context = select(first, block_context, now[0] * keep_old + block_context * keep_block);
+        Expr merged_sum = select(first, block_sum, now[2] * keep_old + block_sum * keep_block);
+        f.running(e, qi, qb, h, b) =
+            Tuple(select(f.one_key_block, context_over_sum(merged_context, merged_sum), merged_context),
+                  select(f.one_key_block, now[1], select(first, offset, new_max)),
+                  select(f.one_key_block, now[2], merged_sum));
+        f.running(e, qi, qb, h, b) =
+            Tuple(select(f.one_key_block, now[0], context_over_sum(now[0], now[2])), now[1], now[2]);
+        f.block_result(e, qi, qb, h, b) = select(key_limit <= 0, 0.0f, done[0]);
+    } else {
+        f.running(e, qi, qb, h, b) =
+            Tuple(now[0] * keep_old + block_context * keep_block, new_max, now[2] * keep_old + block_sum * keep_block);
+        f.block_result(e, qi, qb, h, b) = context_over(done[0], done[2]);
+    }
     f.ctx = Func{"ctx"};
     f.ctx(e, h, i, b) = f.block_result(e, i % Q, i / Q, h, b);
     return f;

@@ -310,6 +310,11 @@ struct Blocking {
     int query_block;
     int key_block;  // rounded up to whole chunks
     int key_chunk;
+    // The running state undefined until the first key block sets it, and the context divided by
+    // its sum by the last (FlashAttention::running): for the hand-written CPU schedule, which
+    // schedules its second update; the autoschedulers' frozen schedules and the GPU schedule
+    // name the stages of the state initialized to (0, lowest, 0).
+    bool state_from_first_block = false;
     int chunks() const { return (key_block + key_chunk - 1) / key_chunk; }
 };
 
@@ -377,7 +382,11 @@ struct FlashAttention {
     Halide::Func block_max, block_sum;
     Halide::Func block_offset;   // bf16: what the exponentials subtract, block_max rounded up to a multiple of ln 2 (fp32: block_max)
     Halide::Func block_context;  // (head_dim, query_in_block, ...): Σ exp · V over the block
-    Halide::Func running;        // (head_dim, query_in_block, query_block, head, batch): Tuple(context, max or offset, sum)
+    // (head_dim, query_in_block, query_block, head, batch): Tuple(context, max or offset, sum).
+    // Blocking::state_from_first_block: undefined until the first block visited, and the context
+    // divided by the sum by the last (the one block's merge, or a second update), which
+    // block_result then copies.
+    Halide::Func running;
     Halide::Func block_result;   // (head_dim, query_in_block, query_block, head, batch): context / sum
     Halide::Func ctx;            // (head_dim, head, query, batch): block_result by query, as WeightedSum's ctx
     Halide::RDom e;              // the head dimension, for Q·Kᵀ (bf16: (pair, head_dim_pair); AMX tiles: d

@@ -89,9 +89,12 @@ public:
             throw Halide::CompileError("query_block=" + std::to_string(queries) + ": the flash core's AMX tiles take " +
                                        std::to_string(kAmxTileColumns) + " queries each: expected a multiple of " +
                                        std::to_string(kAmxTileColumns));
+        const bool manual_cpu = !this->using_autoscheduler() &&
+                                attn_sched::schedule_kind(schedule_source, t) == attn_sched::ScheduleKind::manual_cpu;
         return {queries, attn_sched::manual_parameter_for(t, "key_block", key_block),
                 amx_core ? kAmxTileStep
-                         : attn_sched::key_chunk(t, attn_sched::manual_parameter_for(t, "tile_vectors", tile_vectors))};
+                         : attn_sched::key_chunk(t, attn_sched::manual_parameter_for(t, "tile_vectors", tile_vectors)),
+                manual_cpu};
     }
     // Projections in AMX tiles (attn_gen::Linear::amx_tile: bf16 and int8) where the target has
     // them (a bf16 flash core's tiles: bf16_core).

@@ -649,6 +649,9 @@ void schedule_flash_core(attn_gen::FlashAttention f, Func key_end, const CpuTili
     f.running.update().reorder(e, qi, key_block).vectorize(e, vw).partition(key_block, Partition::Never);
     // Up to key_block keys (BERT's 128-512) the one block's merge is a copy: no exponential.
     f.running.update().specialize(f.one_key_block);
+    // The division after the last block (attn_gen::Blocking::state_from_first_block), which the
+    // one block's merge does itself.
+    f.running.update(1).vectorize(e, vw).specialize(f.one_key_block);
     LoopLevel step(f.running, key_block);
     f.scores.compute_at(step).store_in(MemoryType::Stack);
     f.scores.update()
