@@ -89,12 +89,16 @@ public:
             throw Halide::CompileError("query_block=" + std::to_string(queries) + ": the flash core's AMX tiles take " +
                                        std::to_string(kAmxTileColumns) + " queries each: expected a multiple of " +
                                        std::to_string(kAmxTileColumns));
-        const bool manual_cpu = !this->using_autoscheduler() &&
-                                attn_sched::schedule_kind(schedule_source, t) == attn_sched::ScheduleKind::manual_cpu;
         return {queries, attn_sched::manual_parameter_for(t, "key_block", key_block),
                 amx_core ? kAmxTileStep
                          : attn_sched::key_chunk(t, attn_sched::manual_parameter_for(t, "tile_vectors", tile_vectors)),
-                manual_cpu};
+                hand_written_cpu_schedule()};
+    }
+    // Whether the hand-written CPU schedule (schedules/cpu_manual.cpp) schedules this pipeline:
+    // neither an autoscheduler nor a frozen schedule, and not a GPU target.
+    bool hand_written_cpu_schedule() const {
+        return !this->using_autoscheduler() &&
+               attn_sched::schedule_kind(schedule_source, this->get_target()) == attn_sched::ScheduleKind::manual_cpu;
     }
     // Projections in AMX tiles (attn_gen::Linear::amx_tile: bf16 and int8) where the target has
     // them (a bf16 flash core's tiles: bf16_core).
@@ -112,8 +116,7 @@ public:
         core.amx_tiles = attn_sched::amx_tiles(t);
         core.widened = !attn_sched::native_bf16(t) && !core.amx_tiles;
         core.rounding_instruction =
-            t.has_feature(Halide::Target::AVX512_Zen4) && !this->using_autoscheduler() &&
-            attn_sched::schedule_kind(schedule_source, t) == attn_sched::ScheduleKind::manual_cpu;
+            t.has_feature(Halide::Target::AVX512_Zen4) && hand_written_cpu_schedule();
         return core;
     }
     // int8's products in quads (vpdpbusd) or in 16-bit pairs (attn_gen::Int8Sum), as the target has them.
