@@ -102,7 +102,10 @@ profile_filter='^attention_layer/manual_avx512_(skylake|zen4|sapphirerapids)(_bf
 # the flash core changed (7 min, 40 candidates). On 2026-11-28 an H100 ran the machine step,
 # the CUDA tests (45 s), 16 candidates of the layer beside the peers (107 s), ncu (22 s), the
 # core and the host CPU (33 s each), then the layer at every length (49 s): 5.7 minutes held
-# with the start; a third call was refused (loans paused).
+# with the start; a third call was refused (loans paused). On 2026-11-29 (an H200, 15 minutes)
+# three calls: the AVX-512 tests and the host CPU at 1-16 threads with bf16 and int8 (4 min);
+# the layer's 32 CUDA candidates and the CUDA tests (3.5 min); after freeze and pack here, the
+# layer and the core beside PyTorch and a profile (2 min); 11 minutes held with the starts.
 campaign=(
   "9|machine;test cuda;tune attention_layer;tune attention_scores masked_softmax weighted_sum qkv_projection output_layernorm;test avx512|the GPU, driver and host CPU; every CUDA variant against the reference; every function's candidates checked and timed, the fused layer's beside PyTorch eager, SDPA and the cuBLAS roofline (tune/); every AVX-512 variant on the host CPU"
   "6|bench layer;bench core;bench stages;bench cpu;python;ncu;trace|(after freeze and pack here) the hand-written and tuned CUDA variants beside PyTorch and cuBLAS: the fused layer at every length, the core, the stages; the host CPU's AVX-512 variants beside ONNX Runtime and PyTorch; the Python package on CUDA tensors; Nsight Compute's counters on the packed and padded projections and the flash core (ncu/); each CUDA call's time kernel by kernel and the host's around it (trace/)"
