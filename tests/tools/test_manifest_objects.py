@@ -104,9 +104,9 @@ pairs = [(first("CPU tuned library sharing an object",
 for name, shares in pairs:
     lib = x86[name]
     check((lib["object"] != name) == shares, f"{name} {'does not share' if shares else 'shares'} an object")
-    # Not shared: the same function's hand-written library, which a tuned winner differs from.
-    manual = re.sub(r"_(" + "|".join(m.shape_classes) + r")$", "", name).replace("_autotuned_", "_manual_")
-    other = x86[lib["object"]] if shares else x86[manual]
+    # Not shared: the same function's library of the ISA's hand-written source, which the
+    # tuned winner differs from.
+    other = x86[lib["object"] if shares else f"attn_{lib['function']}_{m.hand_written(lib['isa'])}_{lib['isa']}"]
     same = lowered(lib) == lowered(other)
     check(same == shares, f"{name} and {other['name']} lower to {'different' if shares else 'the same'} code")
     print(f"{name} and {other['name']}: {'the same' if same else 'different'} lowered code")
